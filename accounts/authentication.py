@@ -1,0 +1,29 @@
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+
+from accounts.models import PersonalToken
+from accounts.secrets import secret_matches, secret_prefix
+
+
+class PersonalTokenAuthentication(authentication.BaseAuthentication):
+    """`Authorization: Bearer rst_...` for the REST API."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        if scheme != self.keyword or not token.startswith("rst_"):
+            return None  # not ours: let another scheme (or none) answer
+        prefix = secret_prefix(token.strip(), "rst")
+        row = (PersonalToken.objects.select_related("user").filter(prefix=prefix).first()
+               if prefix else None)
+        if row is None or row.revoked_at or not secret_matches(token.strip(), row.digest):
+            raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
+        if not row.user.is_active:
+            raise exceptions.AuthenticationFailed("This account is disabled.")
+        PersonalToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+        return row.user, row
+
+    def authenticate_header(self, request):
+        return self.keyword

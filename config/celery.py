@@ -1,0 +1,18 @@
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("rigshare")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+# The one schedule: Celery beat runs it in production; `manage.py run_schedule` runs the same
+# entries in-process where there is no broker (the demo).
+app.conf.beat_schedule = {
+    "nodes-mark-offline": {"task": "marketplace.tasks.nodes_mark_offline", "schedule": 5.0},
+    "nodes-refresh-reliability": {
+        "task": "marketplace.tasks.nodes_refresh_reliability", "schedule": 60.0},
+    "rentals-end-due": {"task": "marketplace.tasks.rentals_end_due", "schedule": 15.0},
+}

@@ -1,0 +1,89 @@
+from django.contrib import admin
+
+from marketplace.models import (
+    Card,
+    EnrolmentToken,
+    Listing,
+    Node,
+    NodeStatusChange,
+    NodeUptimeHour,
+    Rental,
+)
+
+# Hardware facts are the agent's word: operators read them here but do not edit them.
+_CARD_FACTS = ("uuid", "name", "memory_total_mib", "compute_capability", "pcie_gen_current",
+               "pcie_gen_max", "pcie_width_current", "pcie_width_max", "power_limit_w",
+               "present", "first_seen_at", "last_seen_at")
+
+
+class CardInline(admin.TabularInline):
+    model = Card
+    extra = 0
+    can_delete = False
+    fields = ("index",) + _CARD_FACTS[:4] + ("verification_status",)
+    readonly_fields = ("index",) + _CARD_FACTS[:4]
+    show_change_link = True
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "owner", "status", "last_heartbeat_at", "reliability_pct", "region",
+                    "needs_review", "simulated")
+    list_filter = ("status", "needs_review", "simulated", "region")
+    search_fields = ("name", "hostname", "owner__email", "cards__uuid")
+    list_select_related = ("owner",)
+    readonly_fields = ("credential_prefix", "credential_digest", "hostname", "os",
+                       "agent_version", "driver_version", "cuda_version", "has_nvidia",
+                       "simulated", "engine_url", "engine_reachable", "engine_models",
+                       "engine_error", "hardware_changed_at", "status", "status_changed_at",
+                       "last_heartbeat_at", "reliability_pct", "created_at")
+    inlines = [CardInline]
+
+
+@admin.register(Card)
+class CardAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "uuid", "memory_total_mib", "present", "verification_status")
+    list_filter = ("name", "present", "verification_status")
+    search_fields = ("uuid", "name", "node__name")
+    list_select_related = ("node",)
+    readonly_fields = ("node", "index") + _CARD_FACTS
+
+
+@admin.register(Listing)
+class ListingAdmin(admin.ModelAdmin):
+    list_display = ("card", "is_listed", "price_per_hour_micros", "updated_at")
+    list_filter = ("is_listed",)
+    list_select_related = ("card", "card__node")
+    search_fields = ("card__name", "card__node__name")
+    raw_id_fields = ("card",)
+
+
+@admin.register(Rental)
+class RentalAdmin(admin.ModelAdmin):
+    list_display = ("pk", "card", "renter", "started_at", "ends_at", "stopped_at",
+                    "stop_reason")
+    list_filter = ("stop_reason",)
+    list_select_related = ("card", "card__node", "renter")
+    search_fields = ("renter__email", "card__name")
+    raw_id_fields = ("card", "renter")
+
+
+@admin.register(EnrolmentToken)
+class EnrolmentTokenAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "owner", "created_at", "expires_at", "used_at", "revoked_at")
+    search_fields = ("prefix", "owner__email")
+    readonly_fields = ("prefix", "digest", "created_at", "used_at", "node")
+    list_select_related = ("owner",)
+
+
+@admin.register(NodeStatusChange)
+class NodeStatusChangeAdmin(admin.ModelAdmin):
+    list_display = ("node", "status", "at")
+    list_filter = ("status",)
+    list_select_related = ("node",)
+
+
+@admin.register(NodeUptimeHour)
+class NodeUptimeHourAdmin(admin.ModelAdmin):
+    list_display = ("node", "hour", "heartbeats")
+    list_select_related = ("node",)

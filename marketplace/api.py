@@ -1,0 +1,204 @@
+"""REST API (DRF): catalog, rentals, a provider's nodes, listings and enrolment tokens, and the
+node-agent protocol. Each view sees only what its user owns."""
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import generics, mixins, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from marketplace import selectors, services
+from marketplace.filters import CatalogFilterForm
+from marketplace.models import Listing
+from marketplace.serializers import (
+    MAX_HEARTBEAT_BYTES,
+    CatalogCardSerializer,
+    EnrollResponseSerializer,
+    EnrollSerializer,
+    EnrolmentTokenSerializer,
+    HeartbeatResponseSerializer,
+    HeartbeatSerializer,
+    ListingSerializer,
+    NodeSerializer,
+    RentalSerializer,
+)
+
+
+class CatalogCardList(generics.ListAPIView):
+    """Cards for rent, with the catalog page's filters (`gpu`, `min_vram_gb`, `max_price`,
+    `min_reliability`, `region`, `verified=1`, `sort`)."""
+
+    serializer_class = CatalogCardSerializer
+    permission_classes = [permissions.AllowAny]
+
+    def get_queryset(self):
+        form = CatalogFilterForm(self.request.query_params)
+        if not form.is_valid():
+            raise ValidationError(form.errors.get_json_data())
+        return selectors.cards_for_catalog(form.filters())
+
+
+class CatalogCardDetail(generics.RetrieveAPIView):
+    serializer_class = CatalogCardSerializer
+    permission_classes = [permissions.AllowAny]
+
+    def get_queryset(self):
+        return selectors.cards_for_catalog({})
+
+
+class RentalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                    viewsets.GenericViewSet):
+    serializer_class = RentalSerializer
+
+    def get_queryset(self):
+        return selectors.rentals_of(self.request.user)
+
+    def perform_create(self, serializer):
+        try:
+            serializer.instance = services.rental_start(
+                renter=self.request.user, card_id=serializer.validated_data["card_id"],
+                hours=serializer.validated_data.get("hours"))
+        except services.RentalRefused as exc:
+            raise ValidationError({"card": [str(exc)]}) from None
+
+    @extend_schema(request=None, responses=RentalSerializer)
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        rental = self.get_object()
+        rental = services.rental_stop(rental_id=rental.pk, renter=request.user)
+        return Response(self.get_serializer(rental).data)
+
+
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
+                  viewsets.GenericViewSet):
+    """The provider's own machines. Only `name` and `region` are theirs to change: hardware
+    facts come from the agent."""
+
+    serializer_class = NodeSerializer
+    http_method_names = ["get", "patch", "post", "head", "options"]
+
+    def get_queryset(self):
+        return selectors.provider_nodes(self.request.user)
+
+    def perform_update(self, serializer):
+        node = serializer.instance
+        serializer.instance = services.node_update(
+            owner=self.request.user, node_id=node.pk,
+            name=serializer.validated_data.get("name", node.name),
+            region=serializer.validated_data.get("region", node.region))
+
+    @extend_schema(request=None, responses=NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        node = self.get_object()
+        services.node_revoke(owner=request.user, node_id=node.pk)
+        return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data)
+
+
+class ListingDetail(generics.RetrieveUpdateAPIView):
+    """A provider's offer for one of their cards: listed or not, price, claims."""
+
+    serializer_class = ListingSerializer
+    http_method_names = ["get", "patch", "head", "options"]
+    lookup_field = "card_id"
+
+    def get_queryset(self):
+        return Listing.objects.filter(card__node__owner=self.request.user)
+
+    def perform_update(self, serializer):
+        listing, data = serializer.instance, serializer.validated_data
+        try:
+            serializer.instance = services.listing_update(
+                owner=self.request.user, card_id=listing.card_id,
+                is_listed=data.get("is_listed", listing.is_listed),
+                price_per_hour_micros=data.get("price_per_hour_micros",
+                                               listing.price_per_hour_micros),
+                claimed_gpu_model=data.get("claimed_gpu_model", listing.claimed_gpu_model),
+                claimed_vram_gb=data.get("claimed_vram_gb", listing.claimed_vram_gb),
+                description=data.get("description", listing.description))
+        except services.MarketplaceError as exc:
+            raise ValidationError({"is_listed": [str(exc)]}) from None
+
+
+class EnrolmentTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
+                            viewsets.GenericViewSet):
+    serializer_class = EnrolmentTokenSerializer
+
+    def get_queryset(self):
+        return selectors.provider_enrolment_tokens(self.request.user)
+
+    @extend_schema(request=None, responses={201: OpenApiResponse(
+        description="The token (shown once) and the commands to run on the machine.")})
+    def create(self, request):
+        row, token = services.enrolment_token_create(owner=request.user)
+        data = dict(self.get_serializer(row).data, token=token)
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=EnrolmentTokenSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        row = self.get_object()
+        services.enrolment_token_revoke(owner=request.user, token_id=row.pk)
+        row.refresh_from_db()
+        return Response(self.get_serializer(row).data)
+
+
+# --- node agent protocol ---
+
+def _too_big(request) -> Response | None:
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > MAX_HEARTBEAT_BYTES:
+        return Response({"body": [f"The body is {length} bytes; the limit is "
+                                  f"{MAX_HEARTBEAT_BYTES}."]}, status=400)
+    return None
+
+
+class AgentEnroll(APIView):
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(request=EnrollSerializer, responses={201: EnrollResponseSerializer})
+    def post(self, request):
+        if (refusal := _too_big(request)) is not None:
+            return refusal
+        serializer = EnrollSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            enrolment = services.node_enroll(**serializer.validated_data)
+        except services.EnrolmentRefused as exc:
+            return Response({"detail": str(exc)}, status=401)
+        return Response({"node_id": enrolment.node.pk, "credential": enrolment.credential,
+                         "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S},
+                        status=201)
+
+
+class AgentHeartbeat(APIView):
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(request=HeartbeatSerializer, responses=HeartbeatResponseSerializer)
+    def post(self, request):
+        scheme, _, credential = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+        if scheme != "Bearer" or not credential:
+            return Response({"detail": "Send the node credential as 'Authorization: Bearer "
+                                       "rsn_...'."}, status=401)
+        try:
+            node = services.node_authenticate(credential=credential.strip())
+        except services.CredentialRefused as exc:
+            return Response({"detail": str(exc)}, status=403 if exc.revoked else 401)
+        if (refusal := _too_big(request)) is not None:
+            return refusal
+        serializer = HeartbeatSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        result = services.node_heartbeat_record(node_id=node.pk,
+                                                report=serializer.validated_data)
+        return Response({"node_id": node.pk, "status": result.node.status,
+                         "needs_review": result.node.needs_review,
+                         "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
+                         "jobs": []})
+

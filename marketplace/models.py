@@ -1,0 +1,219 @@
+"""Things for sale: machines (Node), their GPUs (Card), offers (Listing) and rentals.
+
+Hardware facts on Node and Card are written only from agent heartbeats (services.py); forms
+and the REST API may change only a provider's own words: names, region, price, claims.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class EnrolmentToken(models.Model):
+    """A one-time token that lets an agent create a Node for its owner."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="enrolment_tokens")
+    prefix = models.CharField(max_length=32, unique=True)
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    node = models.ForeignKey("Node", null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="+")
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"rse_{self.prefix}_… ({self.state()})"
+
+    def state(self, now=None) -> str:
+        now = now or timezone.now()
+        if self.used_at:
+            return "used"
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at <= now:
+            return "expired"
+        return "active"
+
+
+class Node(models.Model):
+    """A provider's machine, as its agent reports it."""
+
+    class Status(models.TextChoices):
+        ONLINE = "online"
+        OFFLINE = "offline"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="nodes")
+    name = models.CharField(max_length=100)
+    region = models.CharField(max_length=64, blank=True, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    credential_prefix = models.CharField(max_length=32, unique=True)
+    credential_digest = models.CharField(max_length=64)
+    credential_revoked_at = models.DateTimeField(null=True, blank=True)
+
+    # Reported by the agent in every heartbeat.
+    hostname = models.CharField(max_length=256, blank=True)
+    os = models.CharField(max_length=256, blank=True)
+    agent_version = models.CharField(max_length=64, blank=True)
+    driver_version = models.CharField(max_length=64, blank=True)
+    cuda_version = models.CharField(max_length=64, blank=True)
+    has_nvidia = models.BooleanField(default=False)
+    simulated = models.BooleanField(default=False)
+    engine_url = models.CharField(max_length=256, blank=True)
+    engine_reachable = models.BooleanField(default=False)
+    engine_models = models.JSONField(default=list, blank=True)
+    engine_error = models.CharField(max_length=256, blank=True)
+    hardware_changed_at = models.DateTimeField(null=True, blank=True)
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE,
+                              db_index=True)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Share of the reliability window covered by heartbeats, refreshed by services.
+    reliability_pct = models.DecimalField(max_digits=5, decimal_places=2, default=0,
+                                          db_index=True)
+
+    needs_review = models.BooleanField(default=False)
+    review_reason = models.CharField(max_length=512, blank=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+
+    def __str__(self):
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def is_online(self) -> bool:
+        return self.status == self.Status.ONLINE
+
+
+class NodeStatusChange(models.Model):
+    """Every online/offline transition, for the uptime history and later for billing."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="status_changes")
+    status = models.CharField(max_length=16, choices=Node.Status.choices)
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at"]
+        indexes = [models.Index(fields=["node", "-at"])]
+
+
+class NodeUptimeHour(models.Model):
+    """Heartbeats counted per node and hour: the ground for reliability and the uptime chart."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="uptime_hours")
+    hour = models.DateTimeField()
+    heartbeats = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "hour"], name="uptime_node_hour")]
+        ordering = ["hour"]
+
+
+class Card(models.Model):
+    """One GPU of a node, as NVML (or a fleetsim profile) describes it."""
+
+    class Verification(models.TextChoices):
+        UNVERIFIED = "unverified", "not verified yet"
+        VERIFIED = "verified", "verified"
+        FLAGGED = "flagged", "mismatch found"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cards")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=96, blank=True, db_index=True)
+    name = models.CharField(max_length=128, db_index=True)
+    memory_total_mib = models.PositiveIntegerField(null=True, blank=True, db_index=True)
+    compute_capability = models.CharField(max_length=16, blank=True)
+    pcie_gen_current = models.PositiveSmallIntegerField(null=True, blank=True)
+    pcie_gen_max = models.PositiveSmallIntegerField(null=True, blank=True)
+    pcie_width_current = models.PositiveSmallIntegerField(null=True, blank=True)
+    pcie_width_max = models.PositiveSmallIntegerField(null=True, blank=True)
+    power_limit_w = models.PositiveIntegerField(null=True, blank=True)
+    present = models.BooleanField(default=True)  # false once the agent stops reporting it
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    verification_status = models.CharField(max_length=16, choices=Verification.choices,
+                                           default=Verification.UNVERIFIED, db_index=True)
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="card_node_index")]
+
+    def __str__(self):
+        return f"{self.name} #{self.index} on {self.node}"
+
+    @property
+    def memory_gb(self) -> float | None:
+        # Display only; MiB from NVML shown as GB the way vendors round (24,564 MiB -> 24 GB).
+        if self.memory_total_mib is None:
+            return None
+        return round(self.memory_total_mib / 1024)
+
+
+class Listing(models.Model):
+    """The provider's offer for one card: whether it is for rent, its price, their claims."""
+
+    card = models.OneToOneField(Card, on_delete=models.CASCADE, related_name="listing")
+    is_listed = models.BooleanField(default=False)
+    price_per_hour_micros = models.BigIntegerField(default=0)
+    claimed_gpu_model = models.CharField(max_length=128, blank=True)
+    claimed_vram_gb = models.PositiveIntegerField(null=True, blank=True)
+    description = models.TextField(blank=True, max_length=2000)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(price_per_hour_micros__gte=0),
+                                   name="listing_price_not_negative"),
+            models.CheckConstraint(condition=Q(is_listed=False) | Q(price_per_hour_micros__gt=0),
+                                   name="listing_listed_has_price"),
+        ]
+        indexes = [models.Index(fields=["is_listed", "price_per_hour_micros"])]
+
+    def __str__(self):
+        return f"Listing of {self.card}"
+
+
+class Rental(models.Model):
+    class StopReason(models.TextChoices):
+        REQUESTED = "requested", "stopped by the renter"
+        EXPIRED = "expired", "booked time ended"
+        PROVIDER = "provider", "ended by the provider"
+        OPERATOR = "operator", "ended by an operator"
+
+    card = models.ForeignKey(Card, on_delete=models.PROTECT, related_name="rentals")
+    renter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                               related_name="rentals")
+    price_per_hour_micros = models.BigIntegerField()  # the price agreed when it started
+    started_at = models.DateTimeField()
+    ends_at = models.DateTimeField(null=True, blank=True)  # null: until stopped
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=16, choices=StopReason.choices, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        constraints = [
+            # The database, not a check in Python, guarantees one renter per card at a time.
+            models.UniqueConstraint(fields=["card"], condition=Q(stopped_at__isnull=True),
+                                    name="rental_one_active_per_card"),
+        ]
+        indexes = [models.Index(fields=["renter", "-started_at"])]
+
+    def __str__(self):
+        return f"Rental #{self.pk} of {self.card} by {self.renter}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.stopped_at is None
+
+    def elapsed_seconds(self, now=None) -> int:
+        end = self.stopped_at or now or timezone.now()
+        return max(0, int((end - self.started_at).total_seconds()))

@@ -1,0 +1,353 @@
+"""Writes for the marketplace. Each function is one transaction; callers pass keywords."""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from accounts.models import User
+from accounts.secrets import secret_issue, secret_matches, secret_prefix
+from marketplace import uptime
+from marketplace.models import (
+    Card,
+    EnrolmentToken,
+    Listing,
+    Node,
+    NodeStatusChange,
+    NodeUptimeHour,
+    Rental,
+)
+
+# Facts a heartbeat carries per GPU, stored on Card under the same names.
+CARD_FACTS = ("uuid", "name", "memory_total_mib", "compute_capability", "pcie_gen_current",
+              "pcie_gen_max", "pcie_width_current", "pcie_width_max", "power_limit_w")
+# Facts whose change means the hardware is not what was verified (PCIe current width and
+# generation move with load, so they do not count).
+_IDENTITY_FACTS = ("uuid", "name", "memory_total_mib", "compute_capability", "pcie_gen_max",
+                   "pcie_width_max", "power_limit_w")
+
+
+class MarketplaceError(Exception):
+    """A refusal with a sentence the user can read."""
+
+
+class EnrolmentRefused(MarketplaceError):
+    pass
+
+
+class CredentialRefused(MarketplaceError):
+    def __init__(self, message: str, *, revoked: bool = False):
+        super().__init__(message)
+        self.revoked = revoked
+
+
+class RentalRefused(MarketplaceError):
+    pass
+
+
+# --- locks: taken only here, always card before rental, so two paths never deadlock ---
+
+def _lock_card(card_id: int) -> Card:
+    return (Card.objects.select_for_update(of=("self",)).select_related("node", "listing")
+            .get(pk=card_id))
+
+
+def _lock_node(node_id: int) -> Node:
+    return Node.objects.select_for_update().get(pk=node_id)
+
+
+# --- enrolment ---
+
+def enrolment_token_create(*, owner: User, now: datetime | None = None
+                           ) -> tuple[EnrolmentToken, str]:
+    now = now or timezone.now()
+    issued = secret_issue("rse")
+    row = EnrolmentToken.objects.create(
+        owner=owner, prefix=issued.prefix, digest=issued.digest, created_at=now,
+        expires_at=now + timedelta(hours=settings.RIGSHARE_ENROLMENT_TOKEN_TTL_H))
+    return row, issued.token
+
+
+def enrolment_token_revoke(*, owner: User, token_id: int) -> bool:
+    return bool(EnrolmentToken.objects.filter(
+        pk=token_id, owner=owner, used_at__isnull=True, revoked_at__isnull=True,
+    ).update(revoked_at=timezone.now()))
+
+
+@dataclass(frozen=True)
+class Enrolment:
+    node: Node
+    credential: str  # shown to the agent once
+
+
+@transaction.atomic
+def node_enroll(*, token: str, hostname: str, agent_version: str,
+                now: datetime | None = None) -> Enrolment:
+    """Spend an enrolment token and create the node it was issued for."""
+    now = now or timezone.now()
+    prefix = secret_prefix(token, "rse")
+    row = EnrolmentToken.objects.filter(prefix=prefix).first() if prefix else None
+    if row is None or not secret_matches(token, row.digest):
+        raise EnrolmentRefused("This enrolment token is not valid.")
+    state = row.state(now)
+    if state != "active":
+        raise EnrolmentRefused({
+            "used": "This enrolment token has already been used.",
+            "revoked": "This enrolment token has been revoked.",
+            "expired": "This enrolment token has expired.",
+        }[state])
+    # Spend it with a compare-and-set: of two agents racing with one token, one gets a node.
+    spent = EnrolmentToken.objects.filter(
+        pk=row.pk, used_at__isnull=True, revoked_at__isnull=True, expires_at__gt=now,
+    ).update(used_at=now)
+    if spent != 1:
+        raise EnrolmentRefused("This enrolment token has already been used.")
+    credential = secret_issue("rsn")
+    node = Node.objects.create(
+        owner=row.owner, name=(hostname or "machine")[:100], hostname=hostname[:256],
+        agent_version=agent_version[:64], created_at=now, status_changed_at=now,
+        credential_prefix=credential.prefix, credential_digest=credential.digest)
+    EnrolmentToken.objects.filter(pk=row.pk).update(node=node)
+    return Enrolment(node=node, credential=credential.token)
+
+
+def node_authenticate(*, credential: str) -> Node:
+    prefix = secret_prefix(credential, "rsn")
+    node = Node.objects.filter(credential_prefix=prefix).first() if prefix else None
+    if node is None or not secret_matches(credential, node.credential_digest):
+        raise CredentialRefused("Unknown node credential.")
+    if node.credential_revoked_at:
+        raise CredentialRefused("This node's credential has been revoked.", revoked=True)
+    return node
+
+
+def node_revoke(*, owner: User, node_id: int) -> bool:
+    """The provider removes a machine: its agent is refused from now on, its cards unlisted."""
+    with transaction.atomic():
+        revoked = Node.objects.filter(
+            pk=node_id, owner=owner, credential_revoked_at__isnull=True,
+        ).update(credential_revoked_at=timezone.now(), status=Node.Status.OFFLINE,
+                 status_changed_at=timezone.now())
+        if revoked:
+            Listing.objects.filter(card__node_id=node_id).update(is_listed=False)
+            NodeStatusChange.objects.create(node_id=node_id, status=Node.Status.OFFLINE)
+    return bool(revoked)
+
+
+def node_update(*, owner: User, node_id: int, name: str, region: str) -> Node:
+    node = Node.objects.get(pk=node_id, owner=owner)
+    node.name, node.region = name, region
+    node.save(update_fields=["name", "region"])
+    return node
+
+
+# --- heartbeats ---
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    node: Node
+    hardware_changed: bool
+
+
+@transaction.atomic
+def node_heartbeat_record(*, node_id: int, report: dict,
+                          now: datetime | None = None) -> HeartbeatResult:
+    """Store what the agent reports; the only writer of hardware facts. `report` is validated."""
+    now = now or timezone.now()
+    node = _lock_node(node_id)
+    engine = report.get("engine") or {}
+    gpus = report.get("gpus") or []
+
+    existing = {card.index: card for card in node.cards.all()}
+    changed = node.driver_version != (report.get("driver_version") or "") and bool(
+        node.last_heartbeat_at)
+    seen_indexes = set()
+    for gpu in gpus:
+        facts = {name: gpu.get(name) for name in CARD_FACTS}
+        facts["uuid"] = facts["uuid"] or ""
+        facts["compute_capability"] = facts["compute_capability"] or ""
+        seen_indexes.add(gpu["index"])
+        card = existing.get(gpu["index"])
+        if card is None:
+            card = Card.objects.create(node=node, index=gpu["index"], first_seen_at=now,
+                                       last_seen_at=now, **facts)
+            Listing.objects.create(card=card)
+            changed = changed or bool(node.last_heartbeat_at)
+            continue
+        if any(getattr(card, name) != facts[name] for name in _IDENTITY_FACTS) or not card.present:
+            changed = True
+        for name, value in facts.items():
+            setattr(card, name, value)
+        card.present, card.last_seen_at = True, now
+        card.save()
+    gone = [card.pk for index, card in existing.items()
+            if index not in seen_indexes and card.present]
+    if gone:
+        changed = True
+        Card.objects.filter(pk__in=gone).update(present=False)
+        Listing.objects.filter(card_id__in=gone).update(is_listed=False)
+
+    uuids = [gpu["uuid"] for gpu in gpus if gpu.get("uuid")]
+    clash = (Card.objects.filter(uuid__in=uuids, present=True).exclude(node=node)
+             .select_related("node").first()) if uuids else None
+    if clash is not None and not node.needs_review:
+        node.needs_review = True
+        node.review_reason = (f"GPU {clash.uuid} is also reported by node #{clash.node_id}: "
+                              "a GPU UUID seen on two machines may be spoofed.")[:512]
+
+    was_online = node.is_online
+    node.hostname = report.get("hostname", "")
+    node.os = report.get("os", "")
+    node.agent_version = report.get("agent_version", "")
+    node.driver_version = report.get("driver_version") or ""
+    node.cuda_version = report.get("cuda_version") or ""
+    node.has_nvidia = bool(report.get("nvidia"))
+    node.simulated = bool(report.get("simulated"))
+    node.engine_url = engine.get("url") or ""
+    node.engine_reachable = bool(engine.get("reachable"))
+    node.engine_models = list(engine.get("models") or [])
+    node.engine_error = (engine.get("error") or "")[:256]
+    node.last_heartbeat_at = now
+    if changed:
+        node.hardware_changed_at = now
+    if not was_online:
+        node.status, node.status_changed_at = Node.Status.ONLINE, now
+        NodeStatusChange.objects.create(node=node, status=Node.Status.ONLINE, at=now)
+    node.save()
+
+    hour = uptime.hour_floor(now)
+    bumped = NodeUptimeHour.objects.filter(node=node, hour=hour).update(
+        heartbeats=F("heartbeats") + 1)
+    if not bumped:
+        # The node row lock serialises this node's heartbeats, so no other writer races here.
+        NodeUptimeHour.objects.create(node=node, hour=hour, heartbeats=1)
+    nodes_refresh_reliability(node_ids=[node.pk], now=now)
+    node.refresh_from_db(fields=["reliability_pct"])
+    return HeartbeatResult(node=node, hardware_changed=changed)
+
+
+def nodes_mark_offline(*, now: datetime | None = None) -> list[int]:
+    """Mark offline every online node that missed its last N heartbeats."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.RIGSHARE_HEARTBEAT_INTERVAL_S
+                             * settings.RIGSHARE_OFFLINE_AFTER_MISSED)
+    marked = []
+    for node_id in Node.objects.filter(status=Node.Status.ONLINE,
+                                       last_heartbeat_at__lt=cutoff).values_list("pk", flat=True):
+        with transaction.atomic():
+            # Compare-and-set: a heartbeat that lands meanwhile wins and the node stays online.
+            if Node.objects.filter(pk=node_id, status=Node.Status.ONLINE,
+                                   last_heartbeat_at__lt=cutoff).update(
+                    status=Node.Status.OFFLINE, status_changed_at=now):
+                NodeStatusChange.objects.create(node_id=node_id, status=Node.Status.OFFLINE,
+                                                at=now)
+                marked.append(node_id)
+    return marked
+
+
+def nodes_refresh_reliability(*, node_ids: list[int] | None = None,
+                              now: datetime | None = None) -> int:
+    """Recompute reliability over the window (or since enrolment) from the uptime buckets."""
+    now = now or timezone.now()
+    interval = settings.RIGSHARE_HEARTBEAT_INTERVAL_S
+    window_start = now - timedelta(days=settings.RIGSHARE_RELIABILITY_WINDOW_DAYS)
+    nodes = Node.objects.all() if node_ids is None else Node.objects.filter(pk__in=node_ids)
+    created = dict(nodes.values_list("pk", "created_at"))
+    credited: dict[int, int] = dict.fromkeys(created, 0)
+    rows = (NodeUptimeHour.objects.filter(node_id__in=created, hour__gte=uptime.hour_floor(
+        window_start)).values_list("node_id", "heartbeats"))
+    for node_id, heartbeats in rows:
+        credited[node_id] += uptime.credited_seconds(heartbeats, interval)
+    updates = []
+    for node_id, created_at in created.items():
+        window = (now - max(created_at, window_start)).total_seconds()
+        updates.append(Node(pk=node_id,
+                            reliability_pct=uptime.reliability_pct(credited[node_id], window)))
+    Node.objects.bulk_update(updates, ["reliability_pct"], batch_size=500)
+    return len(updates)
+
+
+# --- listings ---
+
+def listing_update(*, owner: User, card_id: int, is_listed: bool, price_per_hour_micros: int,
+                   claimed_gpu_model: str = "", claimed_vram_gb: int | None = None,
+                   description: str = "") -> Listing:
+    with transaction.atomic():
+        card = _lock_card(card_id)
+        if card.node.owner_id != owner.pk:
+            raise Card.DoesNotExist
+        if is_listed and price_per_hour_micros <= 0:
+            raise MarketplaceError("Set a price above zero before listing the card.")
+        if is_listed and (not card.present or card.node.credential_revoked_at):
+            raise MarketplaceError("This card is no longer reported by its machine.")
+        listing = card.listing
+        listing.is_listed = is_listed
+        listing.price_per_hour_micros = price_per_hour_micros
+        listing.claimed_gpu_model = claimed_gpu_model
+        listing.claimed_vram_gb = claimed_vram_gb
+        listing.description = description
+        listing.save()
+        return listing
+
+
+# --- rentals ---
+
+@transaction.atomic
+def rental_start(*, renter: User, card_id: int, hours: int | None = None,
+                 now: datetime | None = None) -> Rental:
+    """Rent a card until stopped or for `hours`. Of two renters at once exactly one wins."""
+    now = now or timezone.now()
+    try:
+        card = _lock_card(card_id)
+    except Card.DoesNotExist:
+        raise RentalRefused("This card does not exist.") from None
+    listing = getattr(card, "listing", None)
+    if listing is None or not listing.is_listed or not card.present:
+        raise RentalRefused("This card is not for rent.")
+    if card.node.owner_id == renter.pk:
+        raise RentalRefused("You cannot rent your own card.")
+    if not card.node.is_online:
+        raise RentalRefused("This card's machine is offline right now.")
+    if card.node.needs_review:
+        raise RentalRefused("This card's machine is under review.")
+    if Rental.objects.filter(card=card, stopped_at__isnull=True).exists():
+        raise RentalRefused("Someone else has just rented this card.")
+    if hours is not None and not 1 <= hours <= 24 * 90:
+        raise RentalRefused("Choose between 1 and 2,160 hours.")
+    try:
+        # The card lock serialises renters; the partial unique index is the last word.
+        with transaction.atomic():
+            return Rental.objects.create(
+                card=card, renter=renter, price_per_hour_micros=listing.price_per_hour_micros,
+                started_at=now, ends_at=now + timedelta(hours=hours) if hours else None)
+    except IntegrityError:
+        raise RentalRefused("Someone else has just rented this card.") from None
+
+
+def rental_stop(*, rental_id: int, renter: User | None = None,
+                reason: str = Rental.StopReason.REQUESTED,
+                now: datetime | None = None) -> Rental:
+    """Stop an active rental at `now` (or at its booked end if that came first)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        rental = Rental.objects.select_for_update().get(
+            pk=rental_id, **({"renter": renter} if renter else {}))
+        if rental.stopped_at is None:
+            end = min(now, rental.ends_at) if rental.ends_at else now
+            rental.stopped_at, rental.stop_reason = end, reason
+            rental.save(update_fields=["stopped_at", "stop_reason"])
+        return rental
+
+
+def rentals_end_due(*, now: datetime | None = None) -> int:
+    """Stop the rentals whose booked hours are over, at exactly their booked end."""
+    now = now or timezone.now()
+    due = list(Rental.objects.filter(stopped_at__isnull=True, ends_at__lte=now).values_list(
+        "pk", flat=True))
+    for rental_id in due:
+        rental_stop(rental_id=rental_id, reason=Rental.StopReason.EXPIRED, now=now)
+    return len(due)
+

@@ -1,0 +1,20 @@
+"""Thin Celery tasks: each calls one service. Scheduled in config/celery.py."""
+
+from celery import shared_task
+
+from marketplace import services
+
+
+@shared_task(acks_late=True)
+def nodes_mark_offline() -> int:
+    return len(services.nodes_mark_offline())
+
+
+@shared_task(acks_late=True)
+def nodes_refresh_reliability() -> int:
+    return services.nodes_refresh_reliability()
+
+
+@shared_task(acks_late=True)
+def rentals_end_due() -> int:
+    return services.rentals_end_due()
