@@ -1,0 +1,230 @@
+"""`python -m agent enroll | run | facts`: see docs/agent-protocol.md."""
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from agent import __version__, client, hardware
+from agent.credential import (
+    DEFAULT_CREDENTIAL_FILE,
+    CredentialError,
+    read_credential,
+    write_credential,
+)
+
+DEFAULT_INTERVAL_S = 10.0
+
+
+class AgentError(Exception):
+    """Stops the agent: the message is printed as one line and the exit status is 1."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.command(args)
+    except (AgentError, CredentialError, hardware.FactsError) as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m agent", description="Rigshare node agent")
+    parser.add_argument("--version", action="version", version=__version__)
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    enroll = commands.add_parser("enroll", help="exchange an enrolment token for a node credential")
+    enroll.add_argument("--platform", required=True, help="e.g. https://rigshare.example")
+    enroll.add_argument("--token", required=True, help="the rse_... token from Add machine")
+    _credential_argument(enroll)
+    enroll.set_defaults(command=cmd_enroll)
+
+    run = commands.add_parser("run", help="report to the platform every few seconds")
+    run.add_argument("--engine-url", required=True, help="e.g. http://127.0.0.1:8000")
+    _credential_argument(run)
+    run.add_argument("--interval", type=_positive_float, default=DEFAULT_INTERVAL_S,
+                     help="seconds between heartbeats until the platform says otherwise")
+    run.add_argument("--once", action="store_true", help="send one heartbeat and exit")
+    _simulate_arguments(run)
+    run.set_defaults(command=cmd_run)
+
+    facts = commands.add_parser("facts", help="print the hardware facts a heartbeat would send")
+    _simulate_arguments(facts)
+    facts.set_defaults(command=cmd_facts)
+    return parser
+
+
+def _credential_argument(parser):
+    parser.add_argument("--credential-file", type=Path, default=Path(DEFAULT_CREDENTIAL_FILE),
+                        help=f"default {DEFAULT_CREDENTIAL_FILE}")
+
+
+def _simulate_arguments(parser):
+    parser.add_argument("--simulate", metavar="PROFILE",
+                        help="report a fleetsim profile instead of this machine's hardware")
+    parser.add_argument("--machine-id", help="with --simulate: which simulated machine")
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
+
+
+# --- enroll ---------------------------------------------------------------------------------
+
+def cmd_enroll(args) -> int:
+    platform = _base_url(args.platform, "--platform")
+    body = {"token": args.token, "hostname": hardware.hostname(), "agent_version": __version__}
+    try:
+        with httpx.Client() as http:
+            reply = client.enroll(http, platform, body)
+    except client.Refused as exc:
+        raise AgentError(f"Enrolment refused by {platform}: {exc}") from None
+    except client.Unavailable as exc:
+        raise AgentError(f"Enrolment failed, {exc} ({platform}).") from None
+    path = args.credential_file.expanduser()
+    write_credential(path, {"platform": platform, "node_id": reply["node_id"],
+                            "credential": reply["credential"]})
+    default = args.credential_file == Path(DEFAULT_CREDENTIAL_FILE)
+    where = "" if default else f" --credential-file {path}"
+    print(f"Enrolled as node {reply['node_id']}; credential saved to {path}. "
+          f"Next: python -m agent run --engine-url http://127.0.0.1:8000{where}", flush=True)
+    return 0
+
+
+# --- run ------------------------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    read_facts = _facts_reader(args)
+    engine_url = _base_url(args.engine_url, "--engine-url")
+    path = args.credential_file.expanduser()
+    node = read_credential(path)
+    platform = _base_url(node["platform"], f"the platform URL in {path}")
+    interval = args.interval
+    notice_shown = False
+    last_summary = None
+    restore = _stop_on_sigterm()
+    try:
+        with httpx.Client() as platform_http, httpx.Client() as engine_http:
+            while True:
+                facts, notice = read_facts()
+                if notice and not notice_shown:  # once per run, not once per heartbeat
+                    log(notice)
+                    notice_shown = True
+                body = {
+                    "agent_version": __version__,
+                    "hostname": hardware.hostname(),
+                    **facts,
+                    "engine": client.engine_status(engine_http, engine_url),
+                }
+                try:
+                    reply = client.heartbeat(platform_http, platform, node["credential"], body)
+                except client.Refused as exc:
+                    if exc.status in (401, 403):  # revoked or unknown: this node must stop
+                        raise AgentError(
+                            f"The platform refused this node (HTTP {exc.status}): {exc}"
+                        ) from None
+                    # Anything else (400: a fact the platform rejects) may pass; keep trying.
+                    if args.once:
+                        raise AgentError(f"Heartbeat refused (HTTP {exc.status}): {exc}") from None
+                    log(f"Heartbeat refused (HTTP {exc.status}): {exc}; retrying in {interval:g} s")
+                    last_summary = None
+                except client.Unavailable as exc:
+                    if args.once:
+                        raise AgentError(f"Heartbeat failed: {exc}.") from None
+                    log(f"Heartbeat failed: {exc}; retrying in {interval:g} s")
+                    last_summary = None
+                else:
+                    interval = _reply_interval(reply, interval)
+                    summary = _summary(reply, body, interval)
+                    if summary != last_summary:  # log changes, not a line every 10 s
+                        log(summary)
+                        last_summary = summary
+                    if args.once:
+                        return 0
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        log("Stopped.")
+        return 0
+    finally:
+        restore()
+
+
+def _reply_interval(reply: dict, current: float) -> float:
+    value = reply.get("heartbeat_interval_s")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return current
+
+
+def _summary(reply: dict, body: dict, interval: float) -> str:
+    engine = body["engine"]
+    engine_text = (
+        f"engine up, {len(engine['models'])} model(s)" if engine["reachable"]
+        else f"engine unreachable ({engine['error']})"
+    )
+    review = ", needs review" if reply.get("needs_review") else ""
+    jobs = f", {len(reply['jobs'])} job(s) ignored" if reply.get("jobs") else ""
+    return (f"Heartbeat OK: node {reply.get('node_id')} {reply.get('status')}{review}; "
+            f"{len(body['gpus'])} GPU(s); {engine_text}{jobs}; every {interval:g} s")
+
+
+def _stop_on_sigterm():
+    """SIGTERM (systemd, docker stop) ends the loop like Ctrl-C does. Returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+# --- facts ----------------------------------------------------------------------------------
+
+def cmd_facts(args) -> int:
+    facts, notice = _facts_reader(args)()
+    if notice:
+        print(notice, file=sys.stderr, flush=True)  # stdout stays pure JSON
+    print(json.dumps({"agent_version": __version__, "hostname": hardware.hostname(), **facts},
+                     indent=2))
+    return 0
+
+
+def _facts_reader(args):
+    """A function returning (facts, notice). Reads once now so a bad profile stops the agent
+    before it starts."""
+    if args.machine_id and not args.simulate:
+        raise AgentError("--machine-id only goes with --simulate PROFILE.")
+    if args.simulate:
+        if not args.machine_id:
+            raise AgentError("--simulate needs --machine-id, e.g. --machine-id m1.")
+        hardware.simulated_facts(args.simulate, args.machine_id)
+        return lambda: (hardware.simulated_facts(args.simulate, args.machine_id), None)
+    nvml = hardware.load_pynvml()
+    return lambda: hardware.hardware_facts(nvml)
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+def _base_url(url: str, what: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise AgentError(f"{what} must be an http:// or https:// URL, not {url!r}.")
+    return url.rstrip("/")
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,110 @@
+"""HTTP to the platform (enrol, heartbeat) and to the local engine (its model list)."""
+
+import httpx
+
+PLATFORM_TIMEOUT_S = 10.0
+ENGINE_TIMEOUT_S = 5.0
+MAX_STRING = 256  # the protocol's limit on every string
+MAX_MODELS = 256
+
+
+class Refused(Exception):
+    """The platform said no (4xx other than a transient one): its message, one line."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Unavailable(Exception):
+    """The platform could not be reached or failed (network error, 5xx): try again later."""
+
+
+def enroll(client: httpx.Client, platform: str, body: dict) -> dict:
+    reply = _post(client, f"{platform}/api/agent/enroll/", body, headers={})
+    if not (isinstance(reply.get("credential"), str) and "node_id" in reply):
+        raise Unavailable(f"unexpected enrolment reply: {str(reply)[:200]}")
+    return reply
+
+
+def heartbeat(client: httpx.Client, platform: str, credential: str, body: dict) -> dict:
+    return _post(
+        client,
+        f"{platform}/api/agent/heartbeat/",
+        body,
+        headers={"Authorization": f"Bearer {credential}"},
+    )
+
+
+def _post(client: httpx.Client, url: str, body: dict, headers: dict) -> dict:
+    try:
+        response = client.post(url, json=body, headers=headers, timeout=PLATFORM_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise Unavailable(f"platform unreachable: {describe(exc)}") from None
+    status = response.status_code
+    if status >= 500 or status in (408, 429):
+        raise Unavailable(f"platform answered HTTP {status}")
+    if 300 <= status < 400:
+        raise Refused(status, f"HTTP {status} redirect to {response.headers.get('location')}; "
+                              "use that address as the platform URL")
+    if status >= 400:
+        raise Refused(status, platform_message(response))
+    try:
+        reply = response.json()
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise Unavailable(f"platform answered HTTP {status} without a JSON object")
+    return reply
+
+
+def platform_message(response: httpx.Response) -> str:
+    """DRF's error body as one line: {"detail": "..."} or {"field": ["msg", ...], ...}."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text.strip()[:200] or f"HTTP {response.status_code}"
+    if isinstance(body, dict) and isinstance(body.get("detail"), str):
+        text = body["detail"]
+    elif isinstance(body, dict):
+        text = "; ".join(f"{field}: {_flatten(errors)}" for field, errors in body.items())
+    else:
+        text = str(body)
+    return " ".join(text.split())
+
+
+def _flatten(errors) -> str:
+    if isinstance(errors, list):
+        return " ".join(_flatten(e) for e in errors)
+    if isinstance(errors, dict):  # nested serializers, e.g. {"gpus": {"0": {"uuid": [...]}}}
+        return "; ".join(f"{key}: {_flatten(value)}" for key, value in errors.items())
+    return str(errors)
+
+
+def engine_status(client: httpx.Client, engine_url: str) -> dict:
+    """The heartbeat's engine part. Never raises: an engine that does not answer is reported
+    (reachable false, error why), it does not stop the heartbeat."""
+    status = {"url": engine_url, "reachable": False, "models": [], "error": None}
+    try:
+        response = client.get(f"{engine_url}/v1/models", timeout=ENGINE_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        status["error"] = describe(exc)[:MAX_STRING]
+        return status
+    if response.status_code != 200:
+        status["error"] = f"GET /v1/models answered HTTP {response.status_code}"
+        return status
+    try:
+        data = response.json()["data"]
+        ids = [entry["id"] for entry in data]
+    except (ValueError, KeyError, TypeError):
+        status["error"] = "GET /v1/models did not answer an OpenAI-style model list"
+        return status
+    # An id the platform cannot store could never be routed to; dropping it keeps the rest.
+    status["models"] = [i for i in ids if isinstance(i, str) and len(i) <= MAX_STRING][:MAX_MODELS]
+    status["reachable"] = True
+    return status
+
+
+def describe(exc: Exception) -> str:
+    detail = str(exc)
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__

@@ -1,0 +1,110 @@
+"""The heartbeat's hardware part: NVML on NVIDIA machines, the chip itself on Apple Silicon,
+or a fleetsim profile under --simulate."""
+
+import platform
+import re
+import socket
+import subprocess
+import uuid
+
+from agent.nvml import MIB, NoNvidia, read_nvidia
+
+# Apple GPU uuids are derived from the Mac's hardware UUID through this namespace, so the same
+# Mac always reports the same uuid (duplicate detection works) without sending the raw
+# hardware identifier anywhere.
+APPLE_UUID_NAMESPACE = uuid.UUID("6f6c8f0e-2b0f-4d5c-9a57-52a6c1f0a5e1")
+
+
+class FactsError(Exception):
+    """Facts cannot be produced at all (a bad --simulate profile); the agent stops."""
+
+
+def load_pynvml():
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+def run_command(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=5).stdout
+
+
+def host_os(system: str | None = None, release: str | None = None) -> str:
+    # The release matters: WSL kernels say "microsoft" there, and WSL serves much slower.
+    return f"{system or platform.system()} {release or platform.release()}"
+
+
+def hostname() -> str:
+    return socket.gethostname()[:256]
+
+
+def hardware_facts(nvml, *, system=None, release=None, run=run_command) -> tuple[dict, str | None]:
+    """This machine's facts, and the line to print once when it has no NVIDIA GPU (else None)."""
+    system = system or platform.system()
+    facts = {"os": host_os(system, release), "simulated": False}
+    try:
+        return {**facts, **read_nvidia(nvml)}, None
+    except NoNvidia as exc:
+        reason = str(exc)
+    facts |= {"nvidia": False, "driver_version": None, "cuda_version": None, "gpus": []}
+    if system == "Darwin":
+        gpu = apple_gpu(run)
+        if gpu is not None:
+            facts["gpus"] = [gpu]
+            return facts, f"No NVIDIA GPU found (NVML: {reason}); reporting the {gpu['name']}."
+    return facts, (
+        f"No NVIDIA GPU found on this machine (NVML: {reason}); reporting it without GPUs."
+    )
+
+
+def apple_gpu(run) -> dict | None:
+    """The Apple Silicon chip as one GPU entry (its memory is the unified memory), or None on an
+    Intel Mac or when sysctl does not answer."""
+    try:
+        brand = run(["sysctl", "-n", "machdep.cpu.brand_string"]).strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not brand.startswith("Apple"):
+        return None
+    try:
+        memory_mib = int(run(["sysctl", "-n", "hw.memsize"]).strip()) // MIB
+    except (OSError, subprocess.SubprocessError, ValueError):
+        memory_mib = None
+    try:
+        registry = run(["ioreg", "-rd1", "-c", "IOPlatformExpertDevice"])
+        found = re.search(r'"IOPlatformUUID"\s*=\s*"([^"]+)"', registry)
+    except (OSError, subprocess.SubprocessError):
+        found = None
+    gpu_uuid = f"APPLE-{uuid.uuid5(APPLE_UUID_NAMESPACE, found[1])}" if found else None
+    return {
+        "index": 0,
+        "name": brand,
+        "uuid": gpu_uuid,
+        "memory_total_mib": memory_mib,
+        "compute_capability": None,
+        "pcie_gen_current": None,
+        "pcie_gen_max": None,
+        "pcie_width_current": None,
+        "pcie_width_max": None,
+        "power_limit_w": None,
+    }
+
+
+def simulated_facts(profile: str, machine_id: str) -> dict:
+    """Facts from a fleetsim profile. Imported here, not at the top: fleetsim ships with the
+    platform's repository, not with the agent a provider installs."""
+    try:
+        from fleetsim.profiles import simulated_facts as profile_facts
+    except ImportError as exc:
+        raise FactsError(
+            f"--simulate needs fleetsim, which ships with the Rigshare repository ({exc})."
+        ) from None
+    try:
+        facts = profile_facts(profile, machine_id)
+    except (KeyError, ValueError) as exc:
+        # str(KeyError) adds quotes around the message; args[0] is the message itself.
+        detail = exc.args[0] if exc.args else "unknown profile"
+        raise FactsError(f"--simulate {profile}: {detail}") from None
+    return {"os": host_os(), **facts, "simulated": True}
