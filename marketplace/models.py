@@ -105,6 +105,9 @@ class NodeStatusChange(models.Model):
         ordering = ["-at"]
         indexes = [models.Index(fields=["node", "-at"])]
 
+    def __str__(self):
+        return f"{self.node_id} {self.status} at {self.at:%Y-%m-%d %H:%M:%S}"
+
 
 class NodeUptimeHour(models.Model):
     """Heartbeats counted per node and hour: the ground for reliability and the uptime chart."""
@@ -116,6 +119,9 @@ class NodeUptimeHour(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "hour"], name="uptime_node_hour")]
         ordering = ["hour"]
+
+    def __str__(self):
+        return f"{self.node_id} {self.hour:%Y-%m-%d %H:00}: {self.heartbeats}"
 
 
 class Card(models.Model):

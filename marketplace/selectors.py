@@ -3,7 +3,7 @@
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
 from marketplace import uptime
@@ -81,10 +81,8 @@ def rentals_of(user) -> QuerySet[Rental]:
 
 
 def provider_nodes(user) -> QuerySet[Node]:
-    return (Node.objects.filter(owner=user)
-            .prefetch_related("cards", "cards__listing")
-            .annotate(active_rentals=Count("cards__rentals",
-                                           filter=Q(cards__rentals__stopped_at__isnull=True))))
+    return (Node.objects.filter(owner=user).order_by("name", "id")
+            .prefetch_related("cards", "cards__listing"))
 
 
 def provider_enrolment_tokens(user) -> QuerySet[EnrolmentToken]:

@@ -62,3 +62,9 @@ def _clear_cache():
 
     cache.clear()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    # PBKDF2's cost is the point in production and pure waiting in tests.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,0 +1,85 @@
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from accounts.models import PersonalToken, User
+from accounts.secrets import secret_digest, secret_issue, secret_matches, secret_prefix
+from config.env import env_bool, env_int
+
+pytestmark = pytest.mark.django_db
+
+
+def test_signup_logs_in_and_rejects_duplicates(client):
+    response = client.post("/accounts/signup/", {
+        "email": "Dana@Example.com", "password1": "a-long-passphrase-9", "password2":
+        "a-long-passphrase-9"}, follow=True)
+    assert response.context["user"].email == "dana@example.com"
+    client.logout()
+    again = client.post("/accounts/signup/", {
+        "email": "dana@example.com", "password1": "another-long-one-7", "password2":
+        "another-long-one-7"})
+    assert "already exists" in again.content.decode()
+    assert User.objects.count() == 1
+
+
+def test_signup_form_errors_are_shown(client):
+    html = client.post("/accounts/signup/", {"email": "nope", "password1": "x",
+                                             "password2": "y"}).content.decode()
+    assert "Enter a valid email address" in html
+    assert not User.objects.exists()
+
+
+def test_login_with_email_and_password(client, alice):
+    response = client.post("/accounts/login/", {"username": "alice@example.com",
+                                                "password": "correct horse battery"})
+    assert response.status_code == 302
+    bad = client.post("/accounts/login/", {"username": "alice@example.com",
+                                           "password": "wrong"})
+    assert "correct email" in bad.content.decode().lower()
+
+
+def test_personal_tokens_page_shows_a_token_once_and_revokes(client, alice, mallory):
+    client.force_login(alice)
+    html = client.post("/accounts/tokens/", {"name": "laptop"}).content.decode()
+    row = PersonalToken.objects.get(user=alice)
+    assert f"rst_{row.prefix}_" in html and 'id="new-token"' in html
+    assert 'id="new-token"' not in client.get("/accounts/tokens/").content.decode()
+    client.force_login(mallory)
+    client.post(f"/accounts/tokens/{row.pk}/revoke/")
+    row.refresh_from_db()
+    assert row.revoked_at is None
+    assert "laptop" not in client.get("/accounts/tokens/").content.decode()
+    client.force_login(alice)
+    client.post(f"/accounts/tokens/{row.pk}/revoke/")
+    row.refresh_from_db()
+    assert row.revoked_at is not None
+
+
+def test_secrets_are_prefix_plus_hmac():
+    issued = secret_issue("rse")
+    assert issued.token.startswith(f"rse_{issued.prefix}_")
+    assert secret_prefix(issued.token, "rse") == issued.prefix
+    assert secret_prefix(issued.token, "rsn") is None
+    assert secret_prefix("rse_short_x", "rse") is None
+    assert issued.digest == secret_digest(issued.token) and issued.token not in issued.digest
+    assert secret_matches(issued.token, issued.digest)
+    assert not secret_matches(issued.token + "x", issued.digest)
+
+
+def test_secret_digest_depends_on_the_server_secret(settings):
+    issued = secret_issue("rst")
+    settings.SECRET_KEY = "another-secret-key-for-this-test-only-0123456789"
+    assert not secret_matches(issued.token, issued.digest)
+
+
+def test_env_helpers_refuse_bad_values(monkeypatch):
+    monkeypatch.setenv("X_BOOL", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="X_BOOL"):
+        env_bool("X_BOOL", False)
+    monkeypatch.setenv("X_INT", "ten")
+    with pytest.raises(ImproperlyConfigured, match="X_INT"):
+        env_int("X_INT", 1)
+    monkeypatch.setenv("X_INT", "0")
+    with pytest.raises(ImproperlyConfigured, match="at least 1"):
+        env_int("X_INT", 1, minimum=1)
+    monkeypatch.setenv("X_INT", "12")
+    assert env_int("X_INT", 1, minimum=1) == 12
