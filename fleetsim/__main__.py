@@ -1,0 +1,116 @@
+"""python -m fleetsim list | serve | up: see fleetsim/__init__.py."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from fleetsim.profiles import PROFILES, get_profile
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fleetsim",
+                                     description="Simulated GPU machines with measured profiles")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    list_ = commands.add_parser("list", help="print the profiles and their headline figures")
+    list_.set_defaults(command=cmd_list)
+
+    serve = commands.add_parser("serve", help="run one simulated engine server")
+    serve.add_argument("--profile", required=True, choices=sorted(PROFILES), metavar="KEY")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    _time_scale_argument(serve)
+    serve.add_argument("--die-after-tokens", type=_positive_int, metavar="N",
+                       help="drop each stream's connection after N tokens (fault injection)")
+    serve.add_argument("--max-concurrency", type=_positive_int, metavar="N",
+                       help="override the profile's number of concurrently running requests")
+    serve.set_defaults(command=cmd_serve)
+
+    up = commands.add_parser("up", help="run a fleet: engine servers plus the real node agent")
+    up.add_argument("--platform", required=True, help="e.g. http://127.0.0.1:8000")
+    up.add_argument("--profiles", required=True, type=_csv, metavar="KEY[,KEY...]",
+                    help="one machine per key; a key may repeat")
+    up.add_argument("--tokens", type=_csv, default=[], metavar="TOKEN[,TOKEN...]",
+                    help="one enrolment token per machine, in order")
+    up.add_argument("--state-dir", type=Path, default=Path("var/fleetsim"),
+                    help="credential files, one per machine (default var/fleetsim)")
+    up.add_argument("--base-port", type=int, default=8100,
+                    help="the first machine's engine port; the next ones follow (default 8100)")
+    _time_scale_argument(up)
+    up.set_defaults(command=cmd_up)
+    return parser
+
+
+def _time_scale_argument(parser):
+    parser.add_argument("--time-scale", type=_positive_float, default=1.0, metavar="X",
+                        help="run X times faster than the measured card (default 1)")
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be a positive number")
+    return value
+
+
+def cmd_list(args) -> int:
+    print(f"{'KEY':<18} {'ENGINE':<10} {'GPUS':<62} {'CONTEXT':>8} {'TOK/S@1':>8} "
+          f"{'TOK/S@MAX':>14} {'PREFILL':>8}")
+    for p in PROFILES.values():
+        top_n, top_tps = p.throughput[-1]
+        gpus = f"{p.gpu_count}x {p.gpu_name} ({p.memory_total_mib:,} MiB)"
+        print(f"{p.key:<18} {p.engine:<10} {gpus:<62} {p.context_length:>8,} "
+              f"{p.aggregate_tps(1):>8.0f} {f'{top_tps:,.0f} at {top_n}':>14} "
+              f"{p.prefill_tps:>8.0f}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from fleetsim.server import EngineServer
+
+    profile = get_profile(args.profile)
+    app = EngineServer(profile, time_scale=args.time_scale,
+                       die_after_tokens=args.die_after_tokens,
+                       max_concurrency=args.max_concurrency)
+    print(f"fleetsim: {profile.title} serving {profile.model} at http://{args.host}:{args.port} "
+          f"(time scale {args.time_scale:g})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
+    return 0
+
+
+def cmd_up(args) -> int:
+    from fleetsim.fleet import FleetError, plan_machines, run_fleet
+
+    try:
+        machines = plan_machines(args.profiles, args.tokens, args.state_dir.resolve(),
+                                 args.base_port)
+        asyncio.run(run_fleet(args.platform, machines, time_scale=args.time_scale))
+    except FleetError as exc:
+        print(f"fleetsim: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
