@@ -13,11 +13,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml requirements.lock
-	$(PIP) -e .
+	$(PIP) -e '.[platform]'
 	@touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[platform,dev]'
 	@touch $@
 
 install: $(VENV)/.installed

@@ -3,6 +3,7 @@ from django.contrib.auth import login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from accounts.forms import LoginForm, PersonalTokenForm, SignUpForm
@@ -15,7 +16,11 @@ def signup(request):
         user = form.save()
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         messages.success(request, "Welcome to Rigshare.")
-        return redirect(request.GET.get("next") or "marketplace:catalog")
+        target = request.GET.get("next", "")
+        if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                               require_https=request.is_secure()):
+            target = "marketplace:catalog"  # never send a new user off-site
+        return redirect(target)
     return render(request, "accounts/signup.html", {"form": form})
 
 

@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     enroll = commands.add_parser("enroll", help="exchange an enrolment token for a node credential")
     enroll.add_argument("--platform", required=True, help="e.g. https://rigshare.example")
     enroll.add_argument("--token", required=True, help="the rse_... token from Add machine")
+    _hostname_argument(enroll)
     _credential_argument(enroll)
     enroll.set_defaults(command=cmd_enroll)
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--interval", type=_positive_float, default=DEFAULT_INTERVAL_S,
                      help="seconds between heartbeats until the platform says otherwise")
     run.add_argument("--once", action="store_true", help="send one heartbeat and exit")
+    _hostname_argument(run)
     _simulate_arguments(run)
     run.set_defaults(command=cmd_run)
 
@@ -61,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     _simulate_arguments(facts)
     facts.set_defaults(command=cmd_facts)
     return parser
+
+
+def _hostname_argument(parser):
+    parser.add_argument("--hostname", help="the name to report (default: this machine's; "
+                        "with --simulate, the machine id)")
+
+
+def _reported_hostname(args) -> str:
+    if args.hostname:
+        return args.hostname
+    if getattr(args, "simulate", None) and args.machine_id:
+        return args.machine_id  # simulated machines share one host: ids tell them apart
+    return hardware.hostname()
 
 
 def _credential_argument(parser):
@@ -85,7 +100,8 @@ def _positive_float(text: str) -> float:
 
 def cmd_enroll(args) -> int:
     platform = _base_url(args.platform, "--platform")
-    body = {"token": args.token, "hostname": hardware.hostname(), "agent_version": __version__}
+    body = {"token": args.token, "hostname": _reported_hostname(args),
+            "agent_version": __version__}
     try:
         with httpx.Client() as http:
             reply = client.enroll(http, platform, body)
@@ -124,7 +140,7 @@ def cmd_run(args) -> int:
                     notice_shown = True
                 body = {
                     "agent_version": __version__,
-                    "hostname": hardware.hostname(),
+                    "hostname": _reported_hostname(args),
                     **facts,
                     "engine": client.engine_status(engine_http, engine_url),
                 }

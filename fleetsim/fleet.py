@@ -121,6 +121,7 @@ async def _enroll(platform: str, machine: Machine) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agent", "enroll", "--platform", platform,
         "--token", machine.token, "--credential-file", str(machine.credential_file),
+        "--hostname", machine.machine_id,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_agent_env())
     out, _ = await proc.communicate()
     if proc.returncode != 0:

@@ -28,3 +28,7 @@ def test_every_model_has_an_admin_whose_pages_load(client):
 def test_admin_refuses_non_staff(client, mallory):
     client.force_login(mallory)
     assert client.get("/admin/marketplace/node/").status_code == 302
+
+
+def test_healthz_answers_when_the_database_does(client):
+    assert client.get("/healthz").json() == {"status": "ok"}

@@ -83,3 +83,15 @@ def test_env_helpers_refuse_bad_values(monkeypatch):
         env_int("X_INT", 1, minimum=1)
     monkeypatch.setenv("X_INT", "12")
     assert env_int("X_INT", 1, minimum=1) == 12
+
+
+@pytest.mark.parametrize("target, lands", [
+    ("https://evil.example/phish", "/"),
+    ("//evil.example/", "/"),
+    ("/rentals/", "/rentals/"),
+])
+def test_signup_next_never_leaves_the_site(client, target, lands):
+    response = client.post(f"/accounts/signup/?next={target}", {
+        "email": "erin@example.com", "password1": "a-long-passphrase-9",
+        "password2": "a-long-passphrase-9"})
+    assert response.status_code == 302 and response["Location"] == lands

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# `make demo`: SQLite, eager Celery, a simulated fleet, the site on http://127.0.0.1:8000.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+PORT=${PORT:-8000}
+URL="http://127.0.0.1:${PORT}"
+FLEET=${FLEET:-h200,rtx-pro-6000,2x-rtx-5090,2x-rtx-4090,2x-rtx-4090-wsl2,m4-max-llamacpp}
+STATE=var/demo
+mkdir -p "$STATE/log"
+unset REDIS_URL CELERY_BROKER_URL
+export DEBUG=${DEBUG:-1}
+
+pids=()
+cleanup() {
+  trap - EXIT INT TERM
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT INT TERM
+
+if (exec 3<>"/dev/tcp/127.0.0.1/${PORT}") 2>/dev/null; then
+  echo "Port ${PORT} is taken: stop what runs there or run 'PORT=8001 make demo'." >&2
+  exit 1
+fi
+
+$PY manage.py migrate --noinput -v0
+$PY manage.py demo_setup --machines "$FLEET" --state-dir "$STATE/fleet" \
+  --tokens-file "$STATE/tokens"
+
+$PY -m uvicorn config.asgi:application --host 127.0.0.1 --port "$PORT" --log-level warning &
+pids+=($!)
+for _ in $(seq 1 100); do
+  (exec 3<>"/dev/tcp/127.0.0.1/${PORT}") 2>/dev/null && break
+  sleep 0.2
+done
+
+$PY manage.py run_schedule >"$STATE/log/schedule.log" 2>&1 &
+pids+=($!)
+$PY -m fleetsim up --platform "$URL" --profiles "$FLEET" --tokens "$(cat "$STATE/tokens")" \
+  --state-dir "$STATE/fleet" >"$STATE/log/fleet.log" 2>&1 &
+pids+=($!)
+$PY manage.py demo_setup --machines "$FLEET" --state-dir "$STATE/fleet" --list
+
+cat <<BANNER
+
+  Rigshare is running on ${URL}  (Ctrl-C stops everything)
+
+  Log in as:
+    alice@rigshare.test / demo-alice-2026   renter: browse and rent cards
+    bob@rigshare.test   / demo-bob-2026     provider of the simulated fleet
+    carol@rigshare.test / demo-carol-2026   API consumer
+    admin@rigshare.test / demo-admin-2026   operator: ${URL}/admin/
+
+  REST API docs: ${URL}/api/docs/     Logs: ${STATE}/log/
+BANNER
+wait "${pids[0]}"
