@@ -34,6 +34,11 @@ def test_hour_bars_skip_time_before_enrolment_and_judge_the_current_hour_by_its_
     chart = charts.uptime_chart(bars)
     assert [b.css for b in chart.bars] == ["up", "partial", "partial"]
     assert all(0 <= b.y <= chart.height and b.height > 0 for b in chart.bars)
+    # Three hours of history sit at the right end of a 48-hour axis.
+    slot = chart.width / 48
+    assert chart.bars[0].x == pytest.approx(45 * slot + 1)
+    assert chart.bars[-1].x + chart.bars[-1].width == pytest.approx(chart.width - 1)
+    assert (chart.first_label, chart.last_label) == ("48 h ago", "now")
 
 
 @pytest.mark.django_db
