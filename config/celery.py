@@ -15,4 +15,7 @@ app.conf.beat_schedule = {
     "nodes-refresh-reliability": {
         "task": "marketplace.tasks.nodes_refresh_reliability", "schedule": 60.0},
     "rentals-end-due": {"task": "marketplace.tasks.rentals_end_due", "schedule": 15.0},
+    "rentals-charge": {"task": "marketplace.tasks.rentals_charge", "schedule": 30.0},
+    "holds-expire": {"task": "billing.tasks.holds_expire", "schedule": 60.0},
+    "ledger-check": {"task": "billing.tasks.ledger_check", "schedule": 3600.0},
 }

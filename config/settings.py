@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "accounts",
+    "billing",
     "marketplace",
 ]
 
@@ -145,6 +146,15 @@ RIGSHARE_ENROLMENT_TOKEN_TTL_H = env_int("RIGSHARE_ENROLMENT_TOKEN_TTL_H", 24, m
 RIGSHARE_RELIABILITY_WINDOW_DAYS = env_int("RIGSHARE_RELIABILITY_WINDOW_DAYS", 30, minimum=1)
 # The public URL that agents use, shown in the copy-paste enrolment command.
 RIGSHARE_PUBLIC_URL = env_str("RIGSHARE_PUBLIC_URL", "")
+
+# Billing. The platform's share of every rental and metered request, in basis points.
+RIGSHARE_PLATFORM_FEE_BPS = env_int("RIGSHARE_PLATFORM_FEE_BPS", 1500, minimum=0)
+if RIGSHARE_PLATFORM_FEE_BPS > 10_000:
+    raise ImproperlyConfigured("RIGSHARE_PLATFORM_FEE_BPS must be at most 10000 (100%).")
+RIGSHARE_MIN_PAYOUT_MICROS = env_int("RIGSHARE_MIN_PAYOUT_MICROS", 10_000_000, minimum=1)
+# Signs the payment gateway's webhook events (the test gateway signs with it too).
+RIGSHARE_PAYMENT_WEBHOOK_SECRET = env_str("RIGSHARE_PAYMENT_WEBHOOK_SECRET",
+                                          "dev-only-payment-webhook-secret")
 
 LOGGING = {
     "version": 1,

@@ -68,3 +68,33 @@ def _clear_cache():
 def _fast_password_hasher(settings):
     # PBKDF2's cost is the point in production and pure waiting in tests.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def _db_fixture(request) -> str | None:
+    marker = request.node.get_closest_marker("django_db")
+    if marker is not None:
+        return "transactional_db" if marker.kwargs.get("transaction") else "db"
+    for name in ("transactional_db", "db", "live_server"):
+        if name in request.fixturenames:
+            return "transactional_db" if name != "db" else "db"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _ledger_stays_balanced(request):
+    """After every test that touched the ledger: no money lost or invented."""
+    from billing import ledger
+
+    db_fixture = _db_fixture(request)
+    if db_fixture is None:
+        yield
+        return
+    request.getfixturevalue(db_fixture)  # so the database outlives this check
+    ledger.forget_account_ids()
+    yield
+    from billing.models import Entry
+    from billing.selectors import ledger_problems
+
+    if Entry.objects.exists():
+        assert ledger_problems() == []
+    ledger.forget_account_ids()

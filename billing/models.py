@@ -1,0 +1,268 @@
+"""Double-entry ledger, credit purchases, API keys, metering, payouts.
+
+Money is integer micro-dollars (`*_micros`). An Account's balance changes only through a
+Transfer whose Entries sum to zero (PostgreSQL checks it at commit, see migration 0002), and
+a debit that would take a non-negative account below zero is refused by a conditional UPDATE.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Account(models.Model):
+    class Kind(models.TextChoices):
+        WALLET = "wallet", "wallet"  # a user's spendable credit
+        HOLDS = "holds", "holds"  # a user's credit reserved for requests in flight
+        EARNINGS = "earnings", "earnings"  # a provider's earnings, paid out on request
+        PLATFORM_REVENUE = "platform_revenue", "platform revenue"
+        PAYMENT_CLEARING = "payment_clearing", "payment clearing"  # money in from the processor
+        GRANTS = "grants", "operator grants"  # credit given by operators
+        PAYOUTS = "payouts", "payouts"  # money sent out to providers
+
+    USER_KINDS = (Kind.WALLET, Kind.HOLDS, Kind.EARNINGS)
+    # Where money enters from outside the ledger: these may go negative.
+    SOURCE_KINDS = (Kind.PAYMENT_CLEARING, Kind.GRANTS)
+
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                              on_delete=models.PROTECT, related_name="ledger_accounts")
+    balance_micros = models.BigIntegerField(default=0)
+    allow_negative = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "kind"], condition=Q(owner__isnull=False),
+                                    name="account_one_per_owner_kind"),
+            models.UniqueConstraint(fields=["kind"], condition=Q(owner__isnull=True),
+                                    name="account_one_system_per_kind"),
+            models.CheckConstraint(condition=Q(allow_negative=True) | Q(balance_micros__gte=0),
+                                   name="account_no_overdraft"),
+        ]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} of {self.owner}" if self.owner_id else self.kind
+
+
+class Transfer(models.Model):
+    class Kind(models.TextChoices):
+        PURCHASE = "purchase"
+        GRANT = "grant"
+        RESERVE = "reserve"
+        SETTLE = "settle"
+        RELEASE = "release"
+        RENTAL = "rental"
+        PAYOUT = "payout"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    reference = models.CharField(max_length=100, blank=True, db_index=True)  # e.g. rental:42
+    memo = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.kind} {self.idempotency_key}"
+
+
+class Entry(models.Model):
+    """One leg of a transfer: positive credits the account, negative debits it."""
+
+    transfer = models.ForeignKey(Transfer, on_delete=models.PROTECT, related_name="entries")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
+    amount_micros = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["account", "transfer"])]
+        constraints = [models.CheckConstraint(condition=~Q(amount_micros=0),
+                                              name="entry_not_zero")]
+
+    def __str__(self):
+        return f"{self.amount_micros:+d} to {self.account_id} in {self.transfer_id}"
+
+
+class ModelPrice(models.Model):
+    """What a model's tokens cost, from `effective_at` on. A request pays the price in force
+    when it started; a new price is a new row, never an edit."""
+
+    model = models.CharField(max_length=200, db_index=True)  # the public model name
+    input_micros_per_mtok = models.BigIntegerField()
+    output_micros_per_mtok = models.BigIntegerField()
+    effective_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["model", "-effective_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "effective_at"], name="price_model_time"),
+            models.CheckConstraint(condition=Q(input_micros_per_mtok__gte=0)
+                                   & Q(output_micros_per_mtok__gte=0),
+                                   name="price_not_negative"),
+        ]
+
+    def __str__(self):
+        return f"{self.model} from {self.effective_at:%Y-%m-%d %H:%M}"
+
+
+class ApiKey(models.Model):
+    class Period(models.TextChoices):
+        DAILY = "daily"
+        WEEKLY = "weekly"
+        MONTHLY = "monthly"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=32, unique=True)
+    digest = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    spend_limit_micros = models.BigIntegerField(null=True, blank=True)
+    spend_period = models.CharField(max_length=16, choices=Period.choices, default=Period.MONTHLY)
+    allowed_models = models.JSONField(default=list, blank=True)  # empty: every model
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.CheckConstraint(
+            condition=Q(spend_limit_micros__isnull=True) | Q(spend_limit_micros__gte=0),
+            name="apikey_limit_not_negative")]
+
+    def __str__(self):
+        return f"{self.name} (rs_{self.prefix}_…)"
+
+
+class KeySpend(models.Model):
+    """Reserved and spent money of a key in one limit period; debited by conditional UPDATE."""
+
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="spends")
+    period_start = models.DateTimeField()
+    used_micros = models.BigIntegerField(default=0)  # held + settled in this period
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["api_key", "period_start"],
+                                               name="keyspend_key_period")]
+
+
+class Hold(models.Model):
+    """Credit reserved for one inference request: settled with its usage, or released."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        SETTLED = "settled"
+        RELEASED = "released"
+        EXPIRED = "expired"
+
+    request_id = models.CharField(max_length=100, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                             related_name="holds")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="holds")
+    model = models.CharField(max_length=200)
+    amount_micros = models.BigIntegerField()
+    price = models.ForeignKey(ModelPrice, on_delete=models.PROTECT, related_name="+")
+    spend_period_start = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(db_index=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "expires_at"])]
+        constraints = [models.CheckConstraint(condition=Q(amount_micros__gt=0),
+                                              name="hold_positive")]
+
+    def __str__(self):
+        return f"hold {self.request_id} ({self.status})"
+
+
+class Charge(models.Model):
+    """What one request cost, from the engine's usage (or from delivered tokens, estimated)."""
+
+    request_id = models.CharField(max_length=100, unique=True)
+    hold = models.OneToOneField(Hold, on_delete=models.PROTECT, related_name="charge")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                             related_name="charges")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="charges")
+    model = models.CharField(max_length=200)
+    provider = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                 on_delete=models.PROTECT, related_name="served_charges")
+    worker = models.CharField(max_length=100, blank=True)  # e.g. card:7
+    prompt_tokens = models.PositiveIntegerField()
+    completion_tokens = models.PositiveIntegerField()
+    cost_micros = models.BigIntegerField()
+    provider_micros = models.BigIntegerField()
+    fee_micros = models.BigIntegerField()
+    estimated = models.BooleanField(default=False)  # no usage from the engine: delivered tokens
+    capped = models.BooleanField(default=False)  # usage cost more than the hold: billed the hold
+    transfer = models.ForeignKey(Transfer, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "created_at"]),
+                   models.Index(fields=["provider", "created_at"])]
+
+    def __str__(self):
+        return f"charge {self.request_id}: {self.cost_micros} µ$"
+
+
+class Payment(models.Model):
+    """A credit purchase through the payment gateway."""
+
+    class Status(models.TextChoices):
+        REQUIRES_CONFIRMATION = "requires_confirmation", "awaiting confirmation"
+        SUCCEEDED = "succeeded"
+        DECLINED = "declined"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                             related_name="payments")
+    amount_micros = models.BigIntegerField()
+    status = models.CharField(max_length=32, choices=Status.choices)
+    gateway = models.CharField(max_length=32)
+    gateway_ref = models.CharField(max_length=100, unique=True)
+    card_last4 = models.CharField(max_length=4, blank=True)
+    decline_reason = models.CharField(max_length=200, blank=True)
+    idempotency_key = models.CharField(max_length=100, unique=True)
+    receipt_number = models.CharField(max_length=32, unique=True, null=True, blank=True)
+    transfer = models.OneToOneField(Transfer, null=True, blank=True, on_delete=models.PROTECT,
+                                    related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    succeeded_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.CheckConstraint(condition=Q(amount_micros__gt=0),
+                                              name="payment_positive")]
+
+    def __str__(self):
+        return f"payment {self.gateway_ref} ({self.status})"
+
+
+class Payout(models.Model):
+    class Status(models.TextChoices):
+        REQUESTED = "requested"
+        PAID = "paid"
+        REJECTED = "rejected"
+
+    provider = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                 related_name="payouts")
+    amount_micros = models.BigIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.REQUESTED)
+    requested_at = models.DateTimeField(default=timezone.now)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.PROTECT, related_name="+")
+    transfer = models.OneToOneField(Transfer, null=True, blank=True, on_delete=models.PROTECT,
+                                    related_name="+")
+
+    class Meta:
+        ordering = ["-requested_at"]
+        constraints = [models.CheckConstraint(condition=Q(amount_micros__gt=0),
+                                              name="payout_positive")]
+
+    def __str__(self):
+        return f"payout #{self.pk} ({self.status})"
