@@ -194,6 +194,7 @@ class Rental(models.Model):
         EXPIRED = "expired", "booked time ended"
         PROVIDER = "provider", "ended by the provider"
         OPERATOR = "operator", "ended by an operator"
+        BALANCE = "balance", "balance ran out"
 
     card = models.ForeignKey(Card, on_delete=models.PROTECT, related_name="rentals")
     renter = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
@@ -203,6 +204,12 @@ class Rental(models.Model):
     ends_at = models.DateTimeField(null=True, blank=True)  # null: until stopped
     stopped_at = models.DateTimeField(null=True, blank=True)
     stop_reason = models.CharField(max_length=16, choices=StopReason.choices, blank=True)
+    # Charging: from ready_at on, per second, except while the node is offline.
+    ready_at = models.DateTimeField(null=True, blank=True)
+    charged_until = models.DateTimeField(null=True, blank=True)
+    billed_seconds = models.PositiveIntegerField(default=0)
+    offline_seconds = models.PositiveIntegerField(default=0)  # not billed: the node was down
+    charged_micros = models.BigIntegerField(default=0)
 
     class Meta:
         ordering = ["-started_at"]

@@ -6,7 +6,9 @@ from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 
-from marketplace import uptime
+from billing import pricing
+from billing.selectors import wallet_balance
+from marketplace import services, uptime
 from marketplace.models import Card, EnrolmentToken, Node, NodeUptimeHour, Rental
 
 
@@ -87,3 +89,12 @@ def provider_nodes(user) -> QuerySet[Node]:
 
 def provider_enrolment_tokens(user) -> QuerySet[EnrolmentToken]:
     return EnrolmentToken.objects.filter(owner=user).select_related("node")
+
+
+def balance_is_low(user, active_rentals) -> bool:
+    """True when the wallet cannot pay the next ten minutes of the user's active rentals."""
+    if not active_rentals:
+        return False
+    need = sum(pricing.rental_due_micros(r.price_per_hour_micros, services.MIN_PREPAID_S)
+               for r in active_rentals)
+    return wallet_balance(user.pk) < need

@@ -5,11 +5,14 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.models import User
 from accounts.secrets import secret_issue, secret_matches, secret_prefix
+from billing import pricing
+from billing import services as billing
+from billing.selectors import wallet_balance
 from marketplace import uptime
 from marketplace.models import (
     Card,
@@ -317,12 +320,18 @@ def rental_start(*, renter: User, card_id: int, hours: int | None = None,
         raise RentalRefused("Someone else has just rented this card.")
     if hours is not None and not 1 <= hours <= 24 * 90:
         raise RentalRefused("Choose between 1 and 2,160 hours.")
+    if wallet_balance(renter.pk) < pricing.rental_due_micros(listing.price_per_hour_micros,
+                                                            MIN_PREPAID_S):
+        raise RentalRefused("Top up first: your balance must cover at least 10 minutes of "
+                            "this card.")
     try:
         # The card lock serialises renters; the partial unique index is the last word.
         with transaction.atomic():
+            # The node is online and the card is the renter's from now: charging starts here.
             return Rental.objects.create(
                 card=card, renter=renter, price_per_hour_micros=listing.price_per_hour_micros,
-                started_at=now, ends_at=now + timedelta(hours=hours) if hours else None)
+                started_at=now, ready_at=now, charged_until=now,
+                ends_at=now + timedelta(hours=hours) if hours else None)
     except IntegrityError:
         raise RentalRefused("Someone else has just rented this card.") from None
 
@@ -330,7 +339,8 @@ def rental_start(*, renter: User, card_id: int, hours: int | None = None,
 def rental_stop(*, rental_id: int, renter: User | None = None,
                 reason: str = Rental.StopReason.REQUESTED,
                 now: datetime | None = None) -> Rental:
-    """Stop an active rental at `now` (or at its booked end if that came first)."""
+    """Stop an active rental at `now` (or at its booked end if that came first) and charge
+    it up to that moment."""
     now = now or timezone.now()
     with transaction.atomic():
         rental = Rental.objects.select_for_update().get(
@@ -339,7 +349,64 @@ def rental_stop(*, rental_id: int, renter: User | None = None,
             end = min(now, rental.ends_at) if rental.ends_at else now
             rental.stopped_at, rental.stop_reason = end, reason
             rental.save(update_fields=["stopped_at", "stop_reason"])
+    return rental_charge(rental_id=rental.pk, now=now)
+
+
+MIN_PREPAID_S = 600  # a rental starts only if the balance covers this; below it, a warning
+
+
+def rental_charge(*, rental_id: int, now: datetime | None = None) -> Rental:
+    """Charge a rental for the seconds since its last charge, less the time its node was
+    offline. Idempotent: a second call for the same moment charges nothing. When the wallet
+    cannot pay, it takes what is left and the rental stops where the money ran out."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        rental = Rental.objects.select_for_update().select_related("card__node").get(
+            pk=rental_id)
+        start = rental.charged_until or rental.ready_at
+        end = min(filter(None, [now, rental.stopped_at, rental.ends_at]))
+        if start is None or end <= start:
+            return rental
+        node = rental.card.node
+        before = (NodeStatusChange.objects.filter(node=node, at__lte=start)
+                  .order_by("-at").values_list("status", flat=True).first())
+        changes = list(NodeStatusChange.objects.filter(node=node, at__gt=start, at__lt=end)
+                       .order_by("at").values_list("at", "status"))
+        offline = uptime.offline_seconds(changes, status_at_start=before or node.status,
+                                         start=start, end=end)
+        elapsed = int((end - start).total_seconds())
+        billed = rental.billed_seconds + max(0, elapsed - offline)
+        amount = pricing.rental_due_micros(rental.price_per_hour_micros, billed) \
+            - rental.charged_micros
+        charge = billing.time_charge(
+            payer_id=rental.renter_id, provider_id=node.owner_id, amount_micros=amount,
+            idempotency_key=f"rental:{rental.pk}:{end.isoformat()}",
+            reference=f"card:{rental.card_id}", now=now)
+        rental.charged_micros += charge.charged_micros
+        rental.offline_seconds += min(offline, elapsed)
+        rental.billed_seconds, rental.charged_until = billed, end
+        if charge.exhausted:
+            # The seconds the money paid for; the rest of this stretch was never paid.
+            paid = ((rental.charged_micros + 1) * 3600 - 1) // rental.price_per_hour_micros
+            unpaid = max(0, billed - paid)
+            rental.billed_seconds = billed - unpaid
+            rental.charged_until = end - timedelta(seconds=unpaid)
+            if rental.stopped_at is None or rental.stopped_at > rental.charged_until:
+                rental.stopped_at = rental.charged_until
+                rental.stop_reason = Rental.StopReason.BALANCE
+        rental.save()
         return rental
+
+
+def rentals_charge(*, now: datetime | None = None) -> int:
+    """Charge every rental that has time not yet charged (Celery beat, every 30 s)."""
+    now = now or timezone.now()
+    due = list(Rental.objects.filter(Q(stopped_at__isnull=True)
+                                     | Q(stopped_at__gt=F("charged_until")))
+               .values_list("pk", flat=True))
+    for rental_id in due:
+        rental_charge(rental_id=rental_id, now=now)
+    return len(due)
 
 
 def rentals_end_due(*, now: datetime | None = None) -> int:

@@ -18,3 +18,8 @@ def nodes_refresh_reliability() -> int:
 @shared_task(acks_late=True)
 def rentals_end_due() -> int:
     return services.rentals_end_due()
+
+
+@shared_task(acks_late=True)
+def rentals_charge() -> int:
+    return services.rentals_charge()

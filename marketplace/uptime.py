@@ -44,3 +44,23 @@ def hour_bars(counts: dict[datetime, int], *, start: datetime, end: datetime, in
             bars.append(HourBar(hour, reliability_pct(credited, span)))
         hour += timedelta(hours=1)
     return bars
+
+
+def offline_seconds(changes: list[tuple[datetime, str]], *, status_at_start: str,
+                    start: datetime, end: datetime) -> int:
+    """Seconds of [start, end) during which the node was offline, given its status at `start`
+    and its status changes (time, new status) after it, oldest first."""
+    total = 0.0
+    status, since = status_at_start, start
+    for at, new_status in changes:
+        if at >= end:
+            break
+        if at <= start:
+            status = new_status
+            continue
+        if status == "offline":
+            total += (at - since).total_seconds()
+        status, since = new_status, at
+    if status == "offline":
+        total += (end - since).total_seconds()
+    return int(total)

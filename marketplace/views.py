@@ -6,6 +6,7 @@ from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from billing.selectors import wallet_balance
 from marketplace import charts, selectors, services
 from marketplace.filters import CatalogFilterForm
 from marketplace.forms import ListingForm, NodeForm, RentForm
@@ -39,10 +40,12 @@ def card_detail(request, card_id: int):
     if not listing.is_listed and not is_owner:
         raise Http404("This card is not for rent.")
     rental = selectors.card_active_rental(card.pk)
+    my_rental = rental is not None and rental.renter_id == request.user.pk
     bars = selectors.node_uptime_bars(card.node)
     return render(request, "marketplace/card_detail.html", {
         "card": card, "node": card.node, "listing": listing, "is_owner": is_owner,
-        "rental": rental, "my_rental": rental is not None and rental.renter_id == request.user.pk,
+        "rental": rental, "my_rental": my_rental,
+        "low_balance": my_rental and selectors.balance_is_low(request.user, [rental]),
         "rent_form": RentForm(), "uptime_chart": charts.uptime_chart(bars),
         "uptime_bars": bars,
     })
@@ -70,9 +73,11 @@ def card_rent(request, card_id: int):
 @login_required
 def rentals(request):
     rows = list(selectors.rentals_of(request.user))
+    active = [r for r in rows if r.is_active]
     return render(request, "marketplace/rentals.html", {
-        "active": [r for r in rows if r.is_active],
-        "past": [r for r in rows if not r.is_active],
+        "active": active, "past": [r for r in rows if not r.is_active],
+        "balance_micros": wallet_balance(request.user.pk),
+        "low_balance": selectors.balance_is_low(request.user, active),
     })
 
 

@@ -98,3 +98,17 @@ def _ledger_stays_balanced(request):
     if Entry.objects.exists():
         assert ledger_problems() == []
     ledger.forget_account_ids()
+
+
+@pytest.fixture
+def fund():
+    """fund(user, micros): operator credit into the user's wallet, through the ledger."""
+    import uuid
+
+    from billing.services import credits_grant
+
+    def _fund(user, micros=100_000_000):
+        credits_grant(user=user, amount_micros=micros, idempotency_key=f"test:{uuid.uuid4()}")
+        return user
+
+    return _fund

@@ -100,6 +100,7 @@ def test_provider_lists_a_machine_and_a_renter_rents_and_stops_it(page, live_ser
 
     # 4. Alice signs up and filters the catalog down to that card.
     sign_up(page, alice)
+    _give_credit(alice, 50_000_000)  # rentals are prepaid
     page.goto("/")
     filters = page.locator("form#filters")
     filters.get_by_label("GPU model").select_option(label=card.name)
@@ -237,3 +238,13 @@ def log_out(page) -> None:
 def fact(page, term: str):
     """The <dd> that follows <dt>term</dt> in one of the rent page's fact lists."""
     return page.locator(f"dl.facts dt:text-is('{term}') + dd")
+
+
+def _give_credit(email: str, micros: int) -> None:
+    import uuid
+
+    from accounts.models import User
+    from billing.services import credits_grant
+
+    credits_grant(user=User.objects.get(email=email), amount_micros=micros,
+                  idempotency_key=f"e2e:{uuid.uuid4()}")

@@ -31,7 +31,8 @@ def test_bearer_token_auth_and_revocation(alice):
     assert client.get("/api/rentals/").status_code == 401
 
 
-def test_session_auth_works_and_enforces_csrf(alice):
+def test_session_auth_works_and_enforces_csrf(alice, fund):
+    fund(alice)
     card = listed_card()
     client = APIClient(enforce_csrf_checks=True)
     client.force_login(alice)
@@ -49,7 +50,8 @@ def test_anonymous_may_browse_cards_but_nothing_else(api):
         assert api.get(url).status_code in (401, 403), url
 
 
-def test_rent_and_stop_through_the_api(alice):
+def test_rent_and_stop_through_the_api(alice, fund):
+    fund(alice)
     card = listed_card()
     client = bearer(alice)
     response = client.post("/api/rentals/", {"card": card.pk, "hours": 2}, format="json")
@@ -65,7 +67,8 @@ def test_rent_and_stop_through_the_api(alice):
     assert client.post("/api/rentals/", {"card": "x"}, format="json").status_code == 400
 
 
-def test_users_never_see_or_change_each_others_rentals(alice, mallory):
+def test_users_never_see_or_change_each_others_rentals(alice, mallory, fund):
+    fund(alice)
     rental = services.rental_start(renter=alice, card_id=listed_card().pk)
     client = bearer(mallory)
     assert client.get("/api/rentals/").json()["results"] == []

@@ -12,7 +12,8 @@ from tests.factories import NodeFactory, UserFactory, listed_card
 pytestmark = pytest.mark.django_db
 
 
-def test_rent_until_stopped_records_exact_start_and_stop(alice):
+def test_rent_until_stopped_records_exact_start_and_stop(alice, fund):
+    fund(alice)
     card = listed_card(listing__price_per_hour_micros=1_250_000)
     start = timezone.now()
     rental = services.rental_start(renter=alice, card_id=card.pk, now=start)
@@ -29,7 +30,8 @@ def test_rent_until_stopped_records_exact_start_and_stop(alice):
     assert rental.stopped_at == stop
 
 
-def test_rent_for_hours_ends_at_exactly_the_booked_time(alice):
+def test_rent_for_hours_ends_at_exactly_the_booked_time(alice, fund):
+    fund(alice)
     card = listed_card()
     start = timezone.now()
     rental = services.rental_start(renter=alice, card_id=card.pk, hours=3, now=start)
@@ -50,7 +52,8 @@ def test_rent_for_hours_ends_at_exactly_the_booked_time(alice):
     (lambda card, alice: Node.objects.filter(pk=card.node_id).update(needs_review=True),
      "under review"),
 ])
-def test_rent_refusals(alice, setup, message):
+def test_rent_refusals(alice, fund, setup, message):
+    fund(alice)
     card = listed_card()
     setup(card, alice)
     with pytest.raises(services.RentalRefused, match=message):
@@ -58,7 +61,9 @@ def test_rent_refusals(alice, setup, message):
     assert not Rental.objects.exists()
 
 
-def test_second_renter_is_refused_while_the_card_is_rented(alice, carol):
+def test_second_renter_is_refused_while_the_card_is_rented(alice, carol, fund):
+    fund(alice)
+    fund(carol)
     card = listed_card()
     services.rental_start(renter=alice, card_id=card.pk)
     with pytest.raises(services.RentalRefused, match="Someone else"):
@@ -87,11 +92,11 @@ def _rent_at_once(card, renters) -> list:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_renters_at_once_exactly_one_wins():
+def test_two_renters_at_once_exactly_one_wins(fund):
     """Real threads on PostgreSQL, released together by a barrier, several rounds."""
     for _ in range(5):
         card = listed_card()
-        renters = [UserFactory() for _ in range(8)]
+        renters = [fund(UserFactory()) for _ in range(8)]
         results = _rent_at_once(card, renters)
         wins = [r for r in results if isinstance(r, Rental)]
         losses = [r for r in results if isinstance(r, services.RentalRefused)]
@@ -100,7 +105,8 @@ def test_two_renters_at_once_exactly_one_wins():
         assert Rental.objects.filter(card=card, stopped_at__isnull=True).count() == 1
 
 
-def test_rent_page_and_flow_through_the_web(client, alice, bob):
+def test_rent_page_and_flow_through_the_web(client, alice, bob, fund):
+    fund(alice)
     card = listed_card(node=NodeFactory(owner=bob), listing__claimed_gpu_model="RTX 4090 24GB",
                        listing__price_per_hour_micros=450_000)
     page = client.get(f"/cards/{card.pk}/")
@@ -125,7 +131,8 @@ def test_rent_page_and_flow_through_the_web(client, alice, bob):
     assert [r.pk for r in past] == [rental.pk]
 
 
-def test_rent_form_errors_are_shown(client, alice):
+def test_rent_form_errors_are_shown(client, alice, fund):
+    fund(alice)
     card = listed_card()
     client.force_login(alice)
     response = client.post(f"/cards/{card.pk}/rent/", {"mode": "hours"}, follow=True)
@@ -136,7 +143,9 @@ def test_rent_form_errors_are_shown(client, alice):
     assert not Rental.objects.exists()
 
 
-def test_losing_renter_sees_a_clear_message(client, alice, carol):
+def test_losing_renter_sees_a_clear_message(client, alice, carol, fund):
+    fund(alice)
+    fund(carol)
     card = listed_card()
     services.rental_start(renter=alice, card_id=card.pk)
     client.force_login(carol)
@@ -144,7 +153,8 @@ def test_losing_renter_sees_a_clear_message(client, alice, carol):
     assert "Someone else has just rented this card." in response.content.decode()
 
 
-def test_mallory_cannot_see_or_stop_someone_elses_rental(client, alice, mallory):
+def test_mallory_cannot_see_or_stop_someone_elses_rental(client, alice, mallory, fund):
+    fund(alice)
     rental = services.rental_start(renter=alice, card_id=listed_card().pk)
     client.force_login(mallory)
     assert client.post(f"/rentals/{rental.pk}/stop/").status_code == 404
