@@ -10,6 +10,7 @@ urlpatterns = [
     path("rentals/", views.rentals, name="rentals"),
     path("rentals/<int:rental_id>/stop/", views.rental_stop, name="rental_stop"),
     path("provider/", views.provider_dashboard, name="provider"),
+    path("provider/earnings/", views.provider_earnings, name="provider_earnings"),
     path("provider/machines/add/", views.machine_add, name="machine_add"),
     path("provider/machines/<int:node_id>/", views.node_edit, name="node_edit"),
     path("provider/machines/<int:node_id>/remove/", views.node_revoke, name="node_revoke"),

@@ -4,14 +4,16 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from billing import charts as billing_charts
 from billing.selectors import wallet_balance
-from marketplace import charts, selectors, services
+from marketplace import charts, earnings, selectors, services
 from marketplace.filters import CatalogFilterForm
 from marketplace.forms import ListingForm, NodeForm, RentForm
 from marketplace.models import Card, Node, Rental
-from marketplace.money import micros_to_usd, usd_to_micros
+from marketplace.money import format_usd, micros_to_usd, usd_to_micros
 
 CATALOG_PAGE_SIZE = 25
 
@@ -181,3 +183,12 @@ def listing_update(request, card_id: int):
             for error in errors:
                 messages.error(request, f"{card.name} #{card.index}: {label} {error}".strip())
     return redirect("marketplace:provider")
+
+
+@login_required
+def provider_earnings(request):
+    data = earnings.provider_earnings(request.user)
+    days = billing_charts.days_ending(timezone.now().date(), 30)
+    chart = billing_charts.cost_per_day_chart(
+        days, {r["day"]: r["total_micros"] for r in data["by_day"]}, fmt=format_usd)
+    return render(request, "marketplace/provider_earnings.html", dict(data, chart=chart))
