@@ -9,7 +9,8 @@ _FALSE = {"0", "false", "no", "off", ""}
 
 
 def env_str(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
+    """An empty variable counts as unset, as `VAR= command` means in a shell."""
+    return os.environ.get(name) or default
 
 
 def env_bool(name: str, default: bool) -> bool:

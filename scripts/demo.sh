@@ -40,16 +40,19 @@ pids+=($!)
 $PY -m fleetsim up --platform "$URL" --profiles "$FLEET" --tokens "$(cat "$STATE/tokens")" \
   --state-dir "$STATE/fleet" >"$STATE/log/fleet.log" 2>&1 &
 pids+=($!)
-$PY manage.py demo_setup --machines "$FLEET" --state-dir "$STATE/fleet" --list
+out=$($PY manage.py demo_setup --machines "$FLEET" --state-dir "$STATE/fleet" --list)
+grep -v '^DEMO_API_KEY=' <<<"$out" || true
+key=$(sed -n 's/^DEMO_API_KEY=//p' <<<"$out")
 
 cat <<BANNER
 
   Rigshare is running on ${URL}  (Ctrl-C stops everything)
 
   Log in as:
-    alice@rigshare.test / demo-alice-2026   renter: browse and rent cards
+    alice@rigshare.test / demo-alice-2026   renter, \$50 of credit, renting a 4090 by the second
     bob@rigshare.test   / demo-bob-2026     provider of the simulated fleet
-    carol@rigshare.test / demo-carol-2026   API consumer
+    carol@rigshare.test / demo-carol-2026   API consumer, \$20 of credit; her API key (shown once):
+        ${key}
     admin@rigshare.test / demo-admin-2026   operator: ${URL}/admin/
 
   REST API docs: ${URL}/api/docs/     Logs: ${STATE}/log/

@@ -11,9 +11,16 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from datetime import timedelta
+
+from django.utils import timezone
+
 from accounts.models import User
+from billing.keys import api_key_create
+from billing.models import ModelPrice
+from billing.services import credits_grant
 from marketplace import services
-from marketplace.models import Card, Node
+from marketplace.models import Card, Node, Rental
 
 DEMO_USERS = {
     # email: (password, what they do)
@@ -104,6 +111,29 @@ class Command(BaseCommand):
                                             claimed_vram_gb=round(
                                                 (card.memory_total_mib or 0) / 1024) or None)
         self.stdout.write(f"{len(profiles)} simulated machines online and listed.")
+        self._money()
+
+    def _money(self):
+        """Credit for the renter and the consumer, prices for the fleet's models, a running
+        rental (charged by the second from now on) and an API key for the consumer."""
+        alice = User.objects.get(email="alice@rigshare.test")
+        carol = User.objects.get(email="carol@rigshare.test")
+        # Idempotency keys make a restarted demo grant nothing twice.
+        credits_grant(user=alice, amount_micros=50_000_000, idempotency_key="demo:alice",
+                      memo="demo credit")
+        credits_grant(user=carol, amount_micros=20_000_000, idempotency_key="demo:carol",
+                      memo="demo credit")
+        for model in sorted({m for n in Node.objects.all() for m in n.engine_models}):
+            ModelPrice.objects.get_or_create(model=model, defaults={
+                "input_micros_per_mtok": 200_000, "output_micros_per_mtok": 800_000,
+                "effective_at": timezone.now() - timedelta(days=1)})
+        if not Rental.objects.filter(renter=alice, stopped_at__isnull=True).exists():
+            card = Card.objects.filter(listing__is_listed=True, name__icontains="4090",
+                                       node__status=Node.Status.ONLINE).order_by("pk").first()
+            if card is not None:
+                services.rental_start(renter=alice, card_id=card.pk)
+        _, token = api_key_create(user=carol, name=f"demo {timezone.now():%Y-%m-%d %H:%M}")
+        self.stdout.write(f"DEMO_API_KEY={token}")
 
 
 def _machine_ids(profiles: list[str]) -> list[str]:
