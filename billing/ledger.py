@@ -92,5 +92,6 @@ def post(*, kind: str, idempotency_key: str, legs: list[tuple[int, int]], refere
 
 
 def balance(kind: str, owner_id: int | None = None) -> int:
-    return Account.objects.values_list("balance_micros", flat=True).get(
-        pk=account_id(kind, owner_id))
+    """An account's balance; 0 for an account never used (reading creates nothing)."""
+    return Account.objects.filter(kind=kind, owner_id=owner_id).values_list(
+        "balance_micros", flat=True).first() or 0

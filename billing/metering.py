@@ -101,6 +101,8 @@ def reserve(*, key: KeyInfo, model: str, price: Price, max_cost: int, request_id
     """Hold the request's worst-case cost. Fails fast: model not allowed (403), rate limit or
     key spend limit (429), balance too low (402)."""
     now = now or timezone.now()
+    if Hold.objects.filter(request_id=request_id).exists():
+        return _hold_info(request_id)  # a replay: it was reserved (and counted) already
     if key.allowed_models and model not in key.allowed_models:
         raise MeteringError(403, "model_not_allowed", f"This API key may not use '{model}'.",
                             "permission_error")
@@ -118,21 +120,32 @@ def reserve(*, key: KeyInfo, model: str, price: Price, max_cost: int, request_id
         else None
     try:
         with transaction.atomic():
+            # The hold row first (the lock order is hold, key spend, accounts): its unique
+            # request id turns a replay into a no-op before any limit or balance is touched.
+            with connection.cursor() as cur:
+                cur.execute(
+                    "INSERT INTO billing_hold (request_id, user_id, api_key_id, model,"
+                    " amount_micros, price_id, spend_period_start, status, created_at,"
+                    " expires_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (request_id) DO NOTHING RETURNING id",
+                    [request_id, key.user_id, key.key_id, model, max_cost, price.price_id,
+                     spend_start, Hold.Status.PENDING, now, now + HOLD_TTL])
+                row = cur.fetchone()
+            if row is None:
+                return _hold_info(request_id)
             if spend_start is not None:
                 _key_spend_take(key, spend_start, max_cost)
-            posted = ledger.post(kind=Transfer.Kind.RESERVE, idempotency_key=f"reserve:{request_id}",
-                                 legs=[(wallet, -max_cost), (holds, max_cost)],
-                                 reference=f"request:{request_id}", now=now)
-            if not posted.created:
-                row = Hold.objects.get(request_id=request_id)
-                return HoldInfo(row.pk, request_id, row.amount_micros)
-            hold = Hold.objects.create(
-                request_id=request_id, user_id=key.user_id, api_key_id=key.key_id, model=model,
-                amount_micros=max_cost, price_id=price.price_id, spend_period_start=spend_start,
-                created_at=now, expires_at=now + HOLD_TTL)
+            ledger.post(kind=Transfer.Kind.RESERVE, idempotency_key=f"reserve:{request_id}",
+                        legs=[(wallet, -max_cost), (holds, max_cost)],
+                        reference=f"request:{request_id}", now=now)
     except ledger.InsufficientFunds:
         raise _insufficient() from None
-    return HoldInfo(hold.pk, request_id, max_cost)
+    return HoldInfo(row[0], request_id, max_cost)
+
+
+def _hold_info(request_id: str) -> HoldInfo:
+    hold_id, amount = Hold.objects.values_list("pk", "amount_micros").get(request_id=request_id)
+    return HoldInfo(hold_id, request_id, amount)
 
 
 def _key_spend_take(key: KeyInfo, start: datetime, amount: int) -> None:
@@ -169,7 +182,8 @@ def settle(*, request_id: str, usage: Usage, worker: Worker | None,
         release(request_id=request_id, now=now)
         return None
     with transaction.atomic():
-        hold = Hold.objects.select_for_update().select_related("price").get(
+        # of=self: locking the joined price row too would block every reserve of that model.
+        hold = Hold.objects.select_for_update(of=("self",)).select_related("price").get(
             request_id=request_id)
         if hold.status == Hold.Status.SETTLED:
             return _charge_info(Charge.objects.get(request_id=request_id))

@@ -148,6 +148,9 @@ class KeySpend(models.Model):
         constraints = [models.UniqueConstraint(fields=["api_key", "period_start"],
                                                name="keyspend_key_period")]
 
+    def __str__(self):
+        return f"key {self.api_key_id} from {self.period_start:%Y-%m-%d}: {self.used_micros} µ$"
+
 
 class Hold(models.Model):
     """Credit reserved for one inference request: settled with its usage, or released."""

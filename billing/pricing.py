@@ -1,5 +1,10 @@
-"""Price arithmetic on integer micro-dollars (no ORM, no float)."""
+"""Price arithmetic on integer micro-dollars, and dollars for people (no ORM, no float).
+The one place these conversions live: billing and marketplace both use them."""
 
+from decimal import ROUND_HALF_UP, Decimal
+
+MICROS_PER_USD = 1_000_000
+_SIX_PLACES = Decimal("0.000001")
 MTOK = 1_000_000
 BPS = 10_000
 
@@ -24,3 +29,21 @@ def rental_due_micros(price_per_hour_micros: int, seconds: int) -> int:
     """What `seconds` of rental cost in all. Charges take the difference between two totals,
     so rounding never accumulates however often they run."""
     return price_per_hour_micros * seconds // 3600
+
+
+def usd_to_micros(usd: Decimal) -> int:
+    return int((Decimal(usd) * MICROS_PER_USD).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def micros_to_usd(micros: int) -> Decimal:
+    """Exact: six decimal places hold every micro-dollar."""
+    return (Decimal(int(micros)) / MICROS_PER_USD).quantize(_SIX_PLACES)
+
+
+def format_usd(micros: int) -> str:
+    """$12.50, $1.2345, -$0.0042: at least cents, more digits only when the amount has them."""
+    usd = micros_to_usd(micros).normalize()
+    if usd.as_tuple().exponent > -2:
+        usd = usd.quantize(Decimal("0.01"))
+    sign = "-" if usd < 0 else ""
+    return f"{sign}${abs(usd):,}"

@@ -28,8 +28,10 @@ def payment_create(*, user, amount_micros: int, card_number: str, idempotency_ke
     """Charge a card for credit. Replaying the idempotency key returns the first payment."""
     if not MIN_TOPUP_MICROS <= amount_micros <= MAX_TOPUP_MICROS:
         raise BillingError("Top up between $1 and $10,000.")
-    existing = Payment.objects.filter(idempotency_key=idempotency_key, user=user).first()
+    existing = Payment.objects.filter(idempotency_key=idempotency_key).first()
     if existing is not None:
+        if existing.user_id != user.pk:
+            raise BillingError("This payment key belongs to someone else.")
         return existing
     gateway = get_gateway()
     result = gateway.charge(amount_micros=amount_micros, card_number=card_number,
@@ -41,6 +43,8 @@ def payment_create(*, user, amount_micros: int, card_number: str, idempotency_ke
                   "status": (Payment.Status.DECLINED if result.status == "declined"
                              else Payment.Status.REQUIRES_CONFIRMATION),
                   "decline_reason": result.decline_reason})
+    if payment.user_id != user.pk:  # lost a race for the key to another user's request
+        raise BillingError("This payment key belongs to someone else.")
     if result.status == "succeeded":
         payment = payment_succeeded(gateway_ref=result.gateway_ref)
     return payment
@@ -120,7 +124,7 @@ def time_charge(*, payer_id: int, provider_id: int, amount_micros: int, idempote
 def payout_request(*, provider, amount_micros: int) -> Payout:
     if amount_micros < settings.RIGSHARE_MIN_PAYOUT_MICROS:
         raise BillingError(f"The minimum payout is "
-                           f"${settings.RIGSHARE_MIN_PAYOUT_MICROS / 1_000_000:,.2f}.")
+                           f"{pricing.format_usd(settings.RIGSHARE_MIN_PAYOUT_MICROS)}.")
     with transaction.atomic():
         earnings = Account.objects.select_for_update().get(
             pk=ledger.account_id(Account.Kind.EARNINGS, provider.pk))

@@ -10,6 +10,8 @@ urlpatterns = [
     path("accounts/", include("accounts.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("billing/", include("billing.urls")),
+    path("api/", include("billing.api_urls")),
     path("api/", include("marketplace.api_urls")),
     path("", include("marketplace.urls")),
 ]

@@ -4,7 +4,7 @@ from decimal import Decimal
 
 from django import forms
 
-from marketplace.money import usd_to_micros
+from billing.pricing import usd_to_micros
 
 SORTS = {
     "price": ("listing__price_per_hour_micros", "id"),

@@ -2,8 +2,8 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from billing.pricing import micros_to_usd, usd_to_micros
 from marketplace.models import Card, EnrolmentToken, Listing, Node, Rental
-from marketplace.money import micros_to_usd, usd_to_micros
 
 # --- agent protocol (docs/agent-protocol.md) ---
 

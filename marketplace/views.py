@@ -8,12 +8,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing import charts as billing_charts
+from billing.pricing import format_usd, micros_to_usd, usd_to_micros
 from billing.selectors import wallet_balance
 from marketplace import charts, earnings, selectors, services
 from marketplace.filters import CatalogFilterForm
 from marketplace.forms import ListingForm, NodeForm, RentForm
 from marketplace.models import Card, Node, Rental
-from marketplace.money import format_usd, micros_to_usd, usd_to_micros
 
 CATALOG_PAGE_SIZE = 25
 

@@ -1,13 +1,6 @@
 from django import template
 
-from marketplace.money import format_usd
-
 register = template.Library()
-
-
-@register.filter
-def usd(micros):
-    return "" if micros is None else format_usd(int(micros))
 
 
 @register.filter

@@ -6,13 +6,11 @@ machine that has no credential yet), `--list` once the machines have reported th
 
 import json
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
-
-from datetime import timedelta
-
 from django.utils import timezone
 
 from accounts.models import User

@@ -1,0 +1,267 @@
+"""Billing pages. Every page needs a login and shows only its user's own money, payments and
+keys: anything else answers 404, as if it did not exist. Money moves only through services."""
+
+import csv
+from datetime import UTC, datetime, time
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from billing import charts, keys, metering, selectors, services
+from billing.forms import ApiKeyForm, PayoutRequestForm, TopUpForm
+from billing.gateway import DECLINES, REQUIRES_CONFIRMATION, SUCCEEDS, GatewayError, get_gateway
+from billing.models import Account, ApiKey, Payment
+from billing.pricing import format_usd, micros_to_usd
+
+TRANSACTIONS_PAGE_SIZE = 50
+RECENT_TRANSACTIONS = 10
+USAGE_DAYS = {7, 30, 90}
+SIGNATURE_HEADER = "X-Rigshare-Signature"
+
+
+def _topup_key(user, form_key: str) -> str:
+    # The user's id in the key: one person's form key can never name another's payment.
+    return f"topup:{user.pk}:{form_key}"
+
+
+@login_required
+def overview(request):
+    form = TopUpForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        key = _topup_key(request.user, form.cleaned_data["idempotency_key"])
+        replay = Payment.objects.filter(idempotency_key=key, user=request.user).exists()
+        try:
+            payment = services.payment_create(
+                user=request.user, amount_micros=form.amount_micros(),
+                card_number=form.cleaned_data["card_number"], idempotency_key=key)
+        except services.BillingError as exc:
+            form.add_error("amount", str(exc))
+        else:
+            if payment.user_id != request.user.pk:
+                raise Http404("No such payment.")
+            if payment.status == Payment.Status.DECLINED:
+                form.add_error("card_number", payment.decline_reason or "The card was declined.")
+            elif payment.status == Payment.Status.REQUIRES_CONFIRMATION:
+                return redirect("billing:test_gateway", gateway_ref=payment.gateway_ref)
+            elif replay:
+                messages.info(request, "This form was already submitted: you were charged once.")
+                return redirect("billing:receipt", payment_id=payment.pk)
+            else:
+                messages.success(request, f"{format_usd(payment.amount_micros)} added to your "
+                                          "balance.")
+                return redirect("billing:receipt", payment_id=payment.pk)
+    if form.is_bound:
+        # A failed attempt is spent: the next try is a new payment, with a new key. The card
+        # number is never sent back to the browser.
+        data = form.data.copy()
+        data["idempotency_key"] = TopUpForm().initial["idempotency_key"]
+        data["card_number"] = ""
+        form.data = data
+    return render(request, "billing/overview.html", {
+        "form": form, "balances": selectors.user_balances(request.user.pk),
+        "entries": selectors.user_entries(request.user.pk)[:RECENT_TRANSACTIONS],
+        "payments": selectors.payments_of(request.user.pk)[:5],
+        "test_cards": [(SUCCEEDS, "succeeds"), (DECLINES, "is declined"),
+                       (REQUIRES_CONFIRMATION, "asks you to confirm the payment first")],
+    })
+
+
+@login_required
+def test_gateway(request, gateway_ref: str):
+    """The test gateway's stand-in for a bank's confirmation step (3-D Secure)."""
+    payment = get_object_or_404(Payment, gateway_ref=gateway_ref, user=request.user,
+                                gateway=get_gateway().name)
+    if request.method == "POST":
+        if payment.status == Payment.Status.REQUIRES_CONFIRMATION:
+            event = get_gateway().confirm(gateway_ref=payment.gateway_ref)
+            try:
+                # The same path as the processor's webhook: one way for a payment to succeed.
+                services.webhook_handle(body=event["body"], signature=event["signature"])
+            except services.BillingError as exc:
+                messages.error(request, str(exc))
+                return redirect("billing:overview")
+            messages.success(request, f"Payment confirmed: {format_usd(payment.amount_micros)} "
+                                      "added to your balance.")
+        return redirect("billing:receipt", payment_id=payment.pk)
+    return render(request, "billing/test_gateway.html", {"payment": payment})
+
+
+@csrf_exempt
+@require_POST
+def payment_webhook(request):
+    """The processor's signed events. A replayed event changes nothing (payment_succeeded pays
+    once), so the processor may deliver as often as it likes."""
+    try:
+        payment = services.webhook_handle(body=request.body,
+                                          signature=request.headers.get(SIGNATURE_HEADER, ""))
+    except GatewayError as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    except Payment.DoesNotExist:
+        return JsonResponse({"error": "unknown payment"}, status=400)
+    except services.BillingError as exc:
+        return JsonResponse({"error": str(exc)}, status=409)
+    if payment is None:
+        return JsonResponse({"status": "ignored"})
+    return JsonResponse({"status": payment.status, "gateway_ref": payment.gateway_ref})
+
+
+@login_required
+def receipt(request, payment_id: int):
+    payment = get_object_or_404(Payment, pk=payment_id, user=request.user)
+    return render(request, "billing/receipt.html", {"payment": payment})
+
+
+# --- the ledger, as the user sees it ---
+
+@login_required
+def transactions(request):
+    page = Paginator(selectors.user_entries(request.user.pk), TRANSACTIONS_PAGE_SIZE).get_page(
+        request.GET.get("page"))
+    return render(request, "billing/transactions.html", {"page": page})
+
+
+def _csv_response(filename: str, header: list[str], rows) -> HttpResponse:
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    writer = csv.writer(response)
+    writer.writerow(header)
+    writer.writerows(rows)
+    return response
+
+
+def _text_cell(value: str) -> str:
+    # A spreadsheet runs a cell that starts like a formula; an operator's memo must not.
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
+def _entry_rows(entries):
+    for e in entries.iterator(chunk_size=2000):
+        yield [e.transfer.created_at.isoformat(), e.account.kind, e.transfer.kind,
+               _text_cell(e.transfer.reference), _text_cell(e.transfer.memo),
+               micros_to_usd(e.amount_micros), micros_to_usd(e.balance_after_micros)]
+
+
+ENTRY_HEADER = ["date_utc", "account", "kind", "reference", "memo", "amount_usd",
+                "balance_after_usd"]
+
+
+@login_required
+@require_GET
+def transactions_csv(request):
+    return _csv_response(f"rigshare-transactions-{timezone.now():%Y%m%d}.csv", ENTRY_HEADER,
+                         _entry_rows(selectors.user_entries(request.user.pk)))
+
+
+# --- API keys ---
+
+@login_required
+def api_keys(request):
+    form = ApiKeyForm(request.POST or None)
+    new_key = new_token = None
+    if request.method == "POST" and form.is_valid():
+        new_key, new_token = keys.api_key_create(user=request.user, **form.key_fields())
+        form = ApiKeyForm()
+    rows = list(selectors.api_keys_of(request.user.pk))
+    now = timezone.now()
+    for row in rows:
+        current = metering.period_start(row.spend_period, now)
+        row.spent_this_period_micros = (row.spend_used_micros or 0) \
+            if row.spend_period_start == current else 0
+    # The token exists only in this response: a reload cannot show it again.
+    return render(request, "billing/api_keys.html", {
+        "form": form, "keys": rows, "new_key": new_key, "new_token": new_token,
+    })
+
+
+@login_required
+def api_key_edit(request, key_id: int):
+    key = get_object_or_404(ApiKey, pk=key_id, user=request.user, revoked_at__isnull=True)
+    form = ApiKeyForm(request.POST or None, initial=ApiKeyForm.initial_for(key))
+    if request.method == "POST" and form.is_valid():
+        keys.api_key_update(user=request.user, key_id=key.pk, **form.key_fields())
+        messages.success(request, f"Key “{form.cleaned_data['name']}” updated.")
+        return redirect("billing:api_keys")
+    return render(request, "billing/api_key_edit.html", {"key": key, "form": form})
+
+
+@login_required
+@require_POST
+def api_key_revoke(request, key_id: int):
+    if not keys.api_key_revoke(user=request.user, key_id=key_id):
+        raise Http404("No such active key.")
+    messages.success(request, "Key revoked: requests with it are refused from now on.")
+    return redirect("billing:api_keys")
+
+
+# --- usage ---
+
+@login_required
+@require_GET
+def usage(request):
+    key = None
+    if request.GET.get("key"):
+        try:
+            key_id = int(request.GET["key"])
+        except ValueError:
+            raise Http404("No such key.") from None
+        key = get_object_or_404(ApiKey, pk=key_id, user=request.user)
+    try:
+        days = int(request.GET.get("days", 30))
+    except ValueError:
+        days = 30
+    days = days if days in USAGE_DAYS else 30
+    today = timezone.now().date()
+    span = charts.days_ending(today, days)
+    since = datetime.combine(span[0], time.min, tzinfo=UTC)
+    rows = list(selectors.usage_by_day_and_model(request.user.pk, since=since,
+                                                 api_key_id=key.pk if key else None))
+    cost_by_day: dict = {}
+    for row in rows:  # per (day, model) group, not per request
+        cost_by_day[row["day"]] = cost_by_day.get(row["day"], 0) + row["cost_micros"]
+    totals = {name: sum(r[name] for r in rows)
+              for name in ("requests", "prompt_tokens", "completion_tokens", "cost_micros")}
+    return render(request, "billing/usage.html", {
+        "rows": rows, "totals": totals, "key": key, "days": days, "day_choices": sorted(USAGE_DAYS),
+        "keys": selectors.api_keys_of(request.user.pk),
+        "chart": charts.cost_per_day_chart(span, cost_by_day, fmt=format_usd),
+    })
+
+
+# --- provider payouts ---
+
+@login_required
+def payouts(request):
+    form = PayoutRequestForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            payout = services.payout_request(provider=request.user,
+                                             amount_micros=form.amount_micros())
+        except services.BillingError as exc:
+            form.add_error("amount", str(exc))
+        else:
+            messages.success(request, f"Payout of {format_usd(payout.amount_micros)} requested: "
+                                      "an operator will review it.")
+            return redirect("billing:payouts")
+    earnings = selectors.user_balances(request.user.pk)[Account.Kind.EARNINGS]
+    pending = selectors.pending_payouts_micros(request.user.pk)
+    return render(request, "billing/payouts.html", {
+        "form": form, "earnings_micros": earnings, "pending_micros": pending,
+        "available_micros": max(earnings - pending, 0),
+        "min_payout_micros": settings.RIGSHARE_MIN_PAYOUT_MICROS,
+        "payouts": selectors.payouts_of(request.user.pk)[:100],
+    })
+
+
+@login_required
+@require_GET
+def statement_csv(request):
+    entries = selectors.user_entries(request.user.pk, kinds=[Account.Kind.EARNINGS])
+    return _csv_response(f"rigshare-earnings-{timezone.now():%Y%m%d}.csv", ENTRY_HEADER,
+                         _entry_rows(entries))
