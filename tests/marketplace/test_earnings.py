@@ -4,7 +4,7 @@ import pytest
 from django.utils import timezone
 
 from billing import metering
-from billing.keys import api_key_create, api_key_authenticate
+from billing.keys import api_key_authenticate, api_key_create
 from billing.models import ModelPrice
 from marketplace import services
 from marketplace.models import NodeStatusChange
