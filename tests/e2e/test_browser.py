@@ -100,7 +100,13 @@ def test_provider_lists_a_machine_and_a_renter_rents_and_stops_it(page, live_ser
 
     # 4. Alice signs up and filters the catalog down to that card.
     sign_up(page, alice)
-    _give_credit(alice, 50_000_000)  # rentals are prepaid
+    # Rentals are prepaid: she buys $50 of credit with the gateway's test card.
+    page.goto("/billing/")
+    topup = page.locator("form#topup")
+    topup.get_by_label("Amount (USD)").fill("50")
+    topup.get_by_label("Card number").fill("4242 4242 4242 4242")
+    topup.get_by_role("button", name="Pay").click()
+    expect(page.get_by_text("$50.00").first).to_be_visible()
     page.goto("/")
     filters = page.locator("form#filters")
     filters.get_by_label("GPU model").select_option(label=card.name)
@@ -206,6 +212,15 @@ def test_provider_lists_a_machine_and_a_renter_rents_and_stops_it(page, live_ser
     assert rental.started_at is not None and rental.stopped_at is not None
     assert rental.stopped_at > rental.started_at
     assert rental.stop_reason == Rental.StopReason.REQUESTED
+    # Charged by the second up to the stop, from the credit she bought.
+    from billing import ledger, pricing
+    from billing.models import Account
+
+    assert rental.charged_until == rental.stopped_at
+    assert rental.billed_seconds == int((rental.stopped_at - rental.started_at).total_seconds())
+    assert rental.charged_micros == pricing.rental_due_micros(1_250_000, rental.billed_seconds)
+    assert ledger.balance(Account.Kind.WALLET, rental.renter_id) == (
+        50_000_000 - rental.charged_micros)
 
     # 6. The card is for rent again.
     page.goto("/")
@@ -239,12 +254,3 @@ def fact(page, term: str):
     """The <dd> that follows <dt>term</dt> in one of the rent page's fact lists."""
     return page.locator(f"dl.facts dt:text-is('{term}') + dd")
 
-
-def _give_credit(email: str, micros: int) -> None:
-    import uuid
-
-    from accounts.models import User
-    from billing.services import credits_grant
-
-    credits_grant(user=User.objects.get(email=email), amount_micros=micros,
-                  idempotency_key=f"e2e:{uuid.uuid4()}")
