@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c requiremen
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: demo test install install-dev chromium check-services lint bench clean
+.PHONY: demo test install install-dev chromium check-services lint bench bench-billing clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ lint: install-dev
 bench: install-dev check-services
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/catalog.py
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/billing.py $(BENCH_ARGS)
+
+# Reserve+settle pairs/s and latency with 32 clients; BENCH_ARGS="--duration 5" for a quick run.
+bench-billing: install-dev check-services
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/billing.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) db.sqlite3 var staticfiles

@@ -12,6 +12,9 @@ from billing.models import ApiKey
 
 KIND = "rs"
 CACHE_S = 30
+# Written over a key's cache entry when the key changes. Lookups never overwrite it (they use
+# cache.add), so a lookup that read the row just before the change cannot cache what it read.
+_CHANGED = "changed"
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ def api_key_update(*, user, key_id: int, **fields) -> ApiKey:
         for name, value in fields.items():
             setattr(row, name, value)
         row.save()
-    cache.delete(_cache_key(row.digest))
+    cache.set(_cache_key(row.digest), _CHANGED, CACHE_S)
     return row
 
 
@@ -58,7 +61,7 @@ def api_key_revoke(*, user, key_id: int) -> bool:
     if row is None:
         return False
     ApiKey.objects.filter(pk=row.pk).update(revoked_at=timezone.now())
-    cache.delete(_cache_key(row.digest))
+    cache.set(_cache_key(row.digest), _CHANGED, CACHE_S)
     return True
 
 
@@ -69,12 +72,12 @@ def api_key_authenticate(token: str) -> KeyInfo | None:
         return None
     digest = secret_digest(token)
     cached = cache.get(_cache_key(digest))
-    if cached is not None:
+    if cached is not None and cached != _CHANGED:
         return cached or None
     row = ApiKey.objects.filter(prefix=prefix).first()
     ok = row is not None and row.revoked_at is None and secret_matches(token, row.digest)
     info = KeyInfo.of(row) if ok else None
-    cache.set(_cache_key(digest), info or False, CACHE_S)
+    cache.add(_cache_key(digest), info or False, CACHE_S)
     if ok:
         ApiKey.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
     return info
