@@ -8,6 +8,8 @@ from decimal import Decimal
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Sum
+from django.db.models.functions import Coalesce
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -55,12 +57,18 @@ def _usd_column(field: str, description: str):
 
 @admin.register(Account)
 class AccountAdmin(ReadOnlyAdmin):
-    list_display = ("id", "kind", "owner", _usd_column("balance_micros", "balance"),
+    # The sum of the entries: the balance of every kind of account (only wallets and holds
+    # also keep it in balance_micros).
+    list_display = ("id", "kind", "owner", _usd_column("entries_total", "balance"),
                     "allow_negative", "created_at")
     list_filter = ("kind",)
     search_fields = ("owner__email",)
     list_select_related = ("owner",)
     actions = ["grant_credit"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(
+            entries_total=Coalesce(Sum("entries__amount_micros"), 0))
     change_list_template = "billing/admin_account_change_list.html"
 
     def has_grant_permission(self, request):

@@ -4,6 +4,10 @@ Raw SQL on purpose: this runs twice per inference request, and each statement he
 whole check (the conditional UPDATE *is* the overdraft check, the ON CONFLICT *is* the
 idempotency check). Rows are locked in one order everywhere: hold, key spend, then accounts by
 id, so concurrent transfers never deadlock.
+
+Only a user's wallet and holds keep a running balance (they are what requests debit). Every
+other account's balance is the sum of its entries: crediting the platform or a provider then
+touches no shared row, which would otherwise serialise every request of the fleet.
 """
 
 from collections import defaultdict
@@ -11,9 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection, transaction
+from django.db.models import Sum
 from django.utils import timezone
 
-from billing.models import Account
+from billing.models import Account, Entry
 
 
 class LedgerError(Exception):
@@ -33,6 +38,7 @@ class Posted:
 
 
 _ACCOUNT_IDS: dict[tuple[int | None, str], int] = {}
+_KIND_OF: dict[int, str] = {}
 
 
 def account_id(kind: str, owner_id: int | None = None) -> int:
@@ -43,21 +49,42 @@ def account_id(kind: str, owner_id: int | None = None) -> int:
         return _ACCOUNT_IDS[key]
     row, _ = Account.objects.get_or_create(
         kind=kind, owner_id=owner_id, defaults={"allow_negative": kind in Account.SOURCE_KINDS})
+
+    def remember():
+        _ACCOUNT_IDS[key] = row.pk
+        _KIND_OF[row.pk] = kind
+
     # Remember it only once it is committed: a rolled-back transaction takes the row with it.
-    transaction.on_commit(lambda: _ACCOUNT_IDS.__setitem__(key, row.pk))
+    transaction.on_commit(remember)
     return row.pk
 
 
 def forget_account_ids() -> None:
     """Tests that flush the database call this; ids would otherwise point at nothing."""
     _ACCOUNT_IDS.clear()
+    _KIND_OF.clear()
+
+
+def _kinds(cur, ids) -> dict[int, str]:
+    missing = [i for i in ids if i not in _KIND_OF]
+    if missing:
+        placeholders = ", ".join(["%s"] * len(missing))
+        cur.execute(f"SELECT id, kind FROM billing_account WHERE id IN ({placeholders})",
+                    missing)
+        found = dict(cur.fetchall())
+        if len(found) != len(missing):
+            raise LedgerError(f"no such account among {missing}")
+        _KIND_OF.update(found)  # an id never changes kind, and ids are never reused
+    return _KIND_OF
 
 
 def post(*, kind: str, idempotency_key: str, legs: list[tuple[int, int]], reference: str = "",
-         memo: str = "", now: datetime | None = None) -> Posted:
+         memo: str = "", now: datetime | None = None, savepoint: bool = True) -> Posted:
     """Move money between accounts in one transaction. `legs` are (account id, amount), with
     positive amounts credited and negative debited; they must sum to zero. A replayed key
-    returns the first transfer and moves nothing. Raises InsufficientFunds, rolling back."""
+    returns the first transfer and moves nothing. Raises InsufficientFunds, rolling back.
+    `savepoint=False` saves two statements inside a caller's transaction that ends anyway when
+    this refuses (the request path); the caller's transaction is then unusable after a refusal."""
     totals: dict[int, int] = defaultdict(int)
     for account, amount in legs:
         totals[account] += amount
@@ -66,7 +93,7 @@ def post(*, kind: str, idempotency_key: str, legs: list[tuple[int, int]], refere
     legs = sorted((a, m) for a, m in totals.items() if m != 0)
     if not legs:
         raise LedgerError(f"{idempotency_key} moves no money")
-    with transaction.atomic(), connection.cursor() as cur:
+    with transaction.atomic(savepoint=savepoint), connection.cursor() as cur:
         cur.execute(
             "INSERT INTO billing_transfer (kind, idempotency_key, reference, memo, created_at)"
             " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
@@ -77,13 +104,24 @@ def post(*, kind: str, idempotency_key: str, legs: list[tuple[int, int]], refere
                         [idempotency_key])
             return Posted(cur.fetchone()[0], created=False)
         transfer_id = row[0]
+        kinds = _kinds(cur, [account for account, _ in legs])
         for account, amount in legs:
-            cur.execute(
-                "UPDATE billing_account SET balance_micros = balance_micros + %s"
-                " WHERE id = %s AND (allow_negative OR balance_micros + %s >= 0)",
-                [amount, account, amount])
-            if cur.rowcount != 1:
-                raise InsufficientFunds(account)
+            kind = kinds[account]
+            if kind in Account.KEEPS_BALANCE:
+                cur.execute(
+                    "UPDATE billing_account SET balance_micros = balance_micros + %s"
+                    " WHERE id = %s AND balance_micros + %s >= 0", [amount, account, amount])
+                if cur.rowcount != 1:
+                    raise InsufficientFunds(account)
+            elif amount < 0 and kind not in Account.SOURCE_KINDS:
+                # A debit from an account whose balance is the sum of its entries (earnings,
+                # paid out rarely): lock its row so such debits queue, then check the sum.
+                # Credits never lock it, so a busy provider or the platform is no hot row.
+                cur.execute("SELECT id FROM billing_account WHERE id = %s FOR UPDATE", [account])
+                cur.execute("SELECT COALESCE(SUM(amount_micros), 0) FROM billing_entry"
+                            " WHERE account_id = %s", [account])
+                if cur.fetchone()[0] + amount < 0:
+                    raise InsufficientFunds(account)
         values = ", ".join(["(%s, %s, %s)"] * len(legs))
         cur.execute(
             f"INSERT INTO billing_entry (transfer_id, account_id, amount_micros) VALUES {values}",
@@ -93,5 +131,8 @@ def post(*, kind: str, idempotency_key: str, legs: list[tuple[int, int]], refere
 
 def balance(kind: str, owner_id: int | None = None) -> int:
     """An account's balance; 0 for an account never used (reading creates nothing)."""
-    return Account.objects.filter(kind=kind, owner_id=owner_id).values_list(
-        "balance_micros", flat=True).first() or 0
+    accounts = Account.objects.filter(kind=kind, owner_id=owner_id)
+    if kind in Account.KEEPS_BALANCE:
+        return accounts.values_list("balance_micros", flat=True).first() or 0
+    return Entry.objects.filter(account__in=accounts).aggregate(
+        total=Sum("amount_micros"))["total"] or 0

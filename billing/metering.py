@@ -101,8 +101,6 @@ def reserve(*, key: KeyInfo, model: str, price: Price, max_cost: int, request_id
     """Hold the request's worst-case cost. Fails fast: model not allowed (403), rate limit or
     key spend limit (429), balance too low (402)."""
     now = now or timezone.now()
-    if Hold.objects.filter(request_id=request_id).exists():
-        return _hold_info(request_id)  # a replay: it was reserved (and counted) already
     if key.allowed_models and model not in key.allowed_models:
         raise MeteringError(403, "model_not_allowed", f"This API key may not use '{model}'.",
                             "permission_error")
@@ -137,7 +135,7 @@ def reserve(*, key: KeyInfo, model: str, price: Price, max_cost: int, request_id
                 _key_spend_take(key, spend_start, max_cost)
             ledger.post(kind=Transfer.Kind.RESERVE, idempotency_key=f"reserve:{request_id}",
                         legs=[(wallet, -max_cost), (holds, max_cost)],
-                        reference=f"request:{request_id}", now=now)
+                        reference=f"request:{request_id}", now=now, savepoint=False)
     except ledger.InsufficientFunds:
         raise _insufficient() from None
     return HoldInfo(row[0], request_id, max_cost)
@@ -175,12 +173,11 @@ def settle(*, request_id: str, usage: Usage, worker: Worker | None,
     their share and the platform its fee, and give back the rest of the hold. Idempotent by
     request id: a second call returns the first charge. Nothing used at all: released, None."""
     now = now or timezone.now()
-    existing = Charge.objects.filter(request_id=request_id).first()
-    if existing is not None:
-        return _charge_info(existing)
     if usage.prompt_tokens <= 0 and usage.completion_tokens <= 0:
-        release(request_id=request_id, now=now)
-        return None
+        if release(request_id=request_id, now=now):
+            return None
+        charge = Charge.objects.filter(request_id=request_id).first()  # settled before
+        return _charge_info(charge) if charge else None
     with transaction.atomic():
         # of=self: locking the joined price row too would block every reserve of that model.
         hold = Hold.objects.select_for_update(of=("self",)).select_related("price").get(
@@ -207,7 +204,8 @@ def settle(*, request_id: str, usage: Usage, worker: Worker | None,
                          provider_share))
         _key_spend_give_back(hold, hold.amount_micros - cost)
         posted = ledger.post(kind=Transfer.Kind.SETTLE, idempotency_key=f"settle:{request_id}",
-                             legs=legs, reference=f"request:{request_id}", now=now)
+                             legs=legs, reference=f"request:{request_id}", now=now,
+                             savepoint=False)
         hold.status, hold.closed_at = Hold.Status.SETTLED, now
         hold.save(update_fields=["status", "closed_at"])
         charge = Charge.objects.create(
@@ -233,7 +231,7 @@ def release(*, request_id: str, expired: bool = False, now: datetime | None = No
                            -hold.amount_micros),
                           (ledger.account_id(Account.Kind.WALLET, hold.user_id),
                            hold.amount_micros)],
-                    reference=f"request:{request_id}", now=now)
+                    reference=f"request:{request_id}", now=now, savepoint=False)
         hold.status = Hold.Status.EXPIRED if expired else Hold.Status.RELEASED
         hold.closed_at = now
         hold.save(update_fields=["status", "closed_at"])

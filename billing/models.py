@@ -22,13 +22,16 @@ class Account(models.Model):
         PAYOUTS = "payouts", "payouts"  # money sent out to providers
 
     USER_KINDS = (Kind.WALLET, Kind.HOLDS, Kind.EARNINGS)
+    # Accounts debited on the request path keep a running balance, checked by the debit's
+    # conditional UPDATE; the others' balance is the sum of their entries (billing/ledger.py).
+    KEEPS_BALANCE = (Kind.WALLET, Kind.HOLDS)
     # Where money enters from outside the ledger: these may go negative.
     SOURCE_KINDS = (Kind.PAYMENT_CLEARING, Kind.GRANTS)
 
     kind = models.CharField(max_length=32, choices=Kind.choices)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                               on_delete=models.PROTECT, related_name="ledger_accounts")
-    balance_micros = models.BigIntegerField(default=0)
+    balance_micros = models.BigIntegerField(default=0)  # kept for KEEPS_BALANCE kinds only
     allow_negative = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
 

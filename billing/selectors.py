@@ -23,14 +23,14 @@ def ledger_problems() -> list[str]:
                     " GROUP BY transfer_id HAVING SUM(amount_micros) <> 0")
         problems += [f"transfer {t} sums to {s}" for t, s in cur.fetchall()]
         cur.execute("""
-            SELECT a.id, a.balance_micros, COALESCE(SUM(e.amount_micros), 0)
+            SELECT a.id, a.kind, a.balance_micros, COALESCE(SUM(e.amount_micros), 0)
               FROM billing_account a LEFT JOIN billing_entry e ON e.account_id = a.id
-             GROUP BY a.id, a.balance_micros
-            HAVING a.balance_micros <> COALESCE(SUM(e.amount_micros), 0)""")
-        problems += [f"account {a} holds {b} but its entries sum to {s}"
-                     for a, b, s in cur.fetchall()]
-    problems += [f"account {a} is overdrawn" for a in Account.objects.filter(
-        allow_negative=False, balance_micros__lt=0).values_list("pk", flat=True)]
+             GROUP BY a.id, a.kind, a.balance_micros""")
+        for account, kind, kept, total in cur.fetchall():
+            if kind in Account.KEEPS_BALANCE and kept != total:
+                problems.append(f"account {account} holds {kept} but its entries sum to {total}")
+            if kind not in Account.SOURCE_KINDS and total < 0:
+                problems.append(f"account {account} ({kind}) is overdrawn: {total}")
     return problems
 
 
@@ -42,10 +42,12 @@ def wallet_balance(user_id: int) -> int:
 
 def user_balances(user_id: int) -> dict[str, int]:
     """Balance per kind of the user's accounts (wallet, holds: credit reserved for requests in
-    flight, earnings), 0 for one not opened yet. One query, and a read never opens an account."""
-    found = dict(Account.objects.filter(owner_id=user_id, kind__in=Account.USER_KINDS)
+    flight, earnings), 0 for one not opened yet. Two queries; a read never opens an account."""
+    found = dict(Account.objects.filter(owner_id=user_id, kind__in=Account.KEEPS_BALANCE)
                  .values_list("kind", "balance_micros"))
-    return {kind: found.get(kind, 0) for kind in Account.USER_KINDS}
+    balances = {kind: found.get(kind, 0) for kind in Account.KEEPS_BALANCE}
+    balances[Account.Kind.EARNINGS] = ledger.balance(Account.Kind.EARNINGS, user_id)
+    return balances
 
 
 def user_entries(user_id: int, kinds=Account.USER_KINDS):

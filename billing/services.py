@@ -126,11 +126,12 @@ def payout_request(*, provider, amount_micros: int) -> Payout:
         raise BillingError(f"The minimum payout is "
                            f"{pricing.format_usd(settings.RIGSHARE_MIN_PAYOUT_MICROS)}.")
     with transaction.atomic():
-        earnings = Account.objects.select_for_update().get(
+        # The earnings row lock queues payout requests and payouts of this provider.
+        Account.objects.select_for_update().get(
             pk=ledger.account_id(Account.Kind.EARNINGS, provider.pk))
         pending = sum(Payout.objects.filter(provider=provider, status=Payout.Status.REQUESTED)
                       .values_list("amount_micros", flat=True))
-        if amount_micros + pending > earnings.balance_micros:
+        if amount_micros + pending > ledger.balance(Account.Kind.EARNINGS, provider.pk):
             raise BillingError("You cannot request more than your unpaid earnings.")
         return Payout.objects.create(provider=provider, amount_micros=amount_micros)
 

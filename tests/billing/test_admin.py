@@ -8,7 +8,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.contrib.auth.models import Permission
 
-from billing import keys, selectors, services
+from billing import keys, ledger, selectors, services
 from billing.metering import Worker
 from billing.models import Account, ApiKey, Entry, ModelPrice, Payout, Transfer
 from tests.billing.test_pages import MODEL, USD, grant, price, spend
@@ -140,7 +140,7 @@ def test_approve_and_pay_moves_earnings_to_payouts(client, operator, earning_bob
     paid.refresh_from_db()
     assert paid.status == Payout.Status.PAID and paid.decided_by == operator
     assert _earnings(earning_bob) == 35 * USD
-    assert Account.objects.get(kind="payouts", owner=None).balance_micros == 50 * USD
+    assert ledger.balance(Account.Kind.PAYOUTS) == 50 * USD
     # approving again moves nothing
     client.post("/admin/billing/payout/", {"action": "approve_and_pay",
                                            "_selected_action": [paid.pk]})
