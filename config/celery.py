@@ -18,4 +18,9 @@ app.conf.beat_schedule = {
     "rentals-charge": {"task": "marketplace.tasks.rentals_charge", "schedule": 30.0},
     "holds-expire": {"task": "billing.tasks.holds_expire", "schedule": 60.0},
     "ledger-check": {"task": "billing.tasks.ledger_check", "schedule": 3600.0},
+    "verification-advance": {"task": "verification.tasks.verification_advance",
+                             "schedule": 5.0},
+    "verification-sweep": {"task": "verification.tasks.verification_sweep", "schedule": 60.0},
+    "verification-weekly": {"task": "verification.tasks.verification_weekly",
+                            "schedule": 3600.0},
 }

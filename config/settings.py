@@ -4,6 +4,7 @@ Defaults make `make demo` work with no services (SQLite, local cache, eager Cele
 and production set DATABASE_URL (PostgreSQL) and REDIS_URL (cache and Celery broker).
 """
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -35,6 +36,7 @@ INSTALLED_APPS = [
     "accounts",
     "billing",
     "marketplace",
+    "verification",
 ]
 
 MIDDLEWARE = [
@@ -155,6 +157,12 @@ RIGSHARE_MIN_PAYOUT_MICROS = env_int("RIGSHARE_MIN_PAYOUT_MICROS", 10_000_000, m
 # Signs the payment gateway's webhook events (the test gateway signs with it too).
 RIGSHARE_PAYMENT_WEBHOOK_SECRET = env_str("RIGSHARE_PAYMENT_WEBHOOK_SECRET",
                                           "dev-only-payment-webhook-secret")
+
+# Verification: how long a run waits for the agent's probes before judging without them, and
+# the concurrency levels of the platform-side load test (the node's maximum is added).
+RIGSHARE_PROBE_WAIT = timedelta(seconds=env_int("RIGSHARE_PROBE_WAIT_S", 600, minimum=1))
+RIGSHARE_LOAD_TEST_LEVELS = tuple(int(x) for x in env_list("RIGSHARE_LOAD_TEST_LEVELS",
+                                                           ["1", "8", "32"]))
 
 LOGGING = {
     "version": 1,

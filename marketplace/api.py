@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from marketplace import selectors, services
 from marketplace.filters import CatalogFilterForm
-from marketplace.models import Listing
+from marketplace.models import Listing, Node
 from marketplace.serializers import (
     MAX_HEARTBEAT_BYTES,
     CatalogCardSerializer,
@@ -24,6 +24,7 @@ from marketplace.serializers import (
     NodeSerializer,
     RentalSerializer,
 )
+from marketplace.signals import heartbeat_recorded
 
 
 class CatalogCardList(generics.ListAPIView):
@@ -197,8 +198,11 @@ class AgentHeartbeat(APIView):
         serializer.is_valid(raise_exception=True)
         result = services.node_heartbeat_record(node_id=node.pk,
                                                 report=serializer.validated_data)
+        replies = heartbeat_recorded.send(sender=Node, node_id=node.pk,
+                                          first_report=result.first_report,
+                                          hardware_changed=result.hardware_changed)
         return Response({"node_id": node.pk, "status": result.node.status,
                          "needs_review": result.node.needs_review,
                          "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
-                         "jobs": []})
+                         "jobs": [job for _, jobs in replies for job in (jobs or [])]})
 

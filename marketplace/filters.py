@@ -3,6 +3,7 @@
 from decimal import Decimal
 
 from django import forms
+from django.db.models import F
 
 from billing.pricing import usd_to_micros
 
@@ -13,11 +14,14 @@ SORTS = {
     "-vram": ("-memory_total_mib", "id"),
     "reliability": ("node__reliability_pct", "id"),
     "-reliability": ("-node__reliability_pct", "id"),
+    "capacity": (F("verified_tokens_per_s").asc(nulls_first=True), "id"),
+    "-capacity": (F("verified_tokens_per_s").desc(nulls_last=True), "id"),
 }
 SORT_LABELS = {
     "price": "Price: low to high", "-price": "Price: high to low",
     "vram": "VRAM: small to large", "-vram": "VRAM: large to small",
     "reliability": "Reliability: low to high", "-reliability": "Reliability: high to low",
+    "capacity": "Verified tok/s: low to high", "-capacity": "Verified tok/s: high to low",
 }
 
 

@@ -148,6 +148,10 @@ class Card(models.Model):
     last_seen_at = models.DateTimeField(default=timezone.now)
     verification_status = models.CharField(max_length=16, choices=Verification.choices,
                                            default=Verification.UNVERIFIED, db_index=True)
+    # Written by verification: output tokens/s at 32 concurrent (this card's share of its
+    # engine), and the reference spec it was judged against ("" = none in the table).
+    verified_tokens_per_s = models.FloatField(null=True, blank=True, db_index=True)
+    reference_spec = models.CharField(max_length=100, blank=True)
 
     class Meta:
         ordering = ["node_id", "index"]

@@ -153,6 +153,7 @@ def node_update(*, owner: User, node_id: int, name: str, region: str) -> Node:
 class HeartbeatResult:
     node: Node
     hardware_changed: bool
+    first_report: bool  # the first heartbeat that brought GPUs: time to verify them
 
 
 @transaction.atomic
@@ -165,6 +166,7 @@ def node_heartbeat_record(*, node_id: int, report: dict,
     gpus = report.get("gpus") or []
 
     existing = {card.index: card for card in node.cards.all()}
+    first_report = not existing and bool(gpus)
     changed = node.driver_version != (report.get("driver_version") or "") and bool(
         node.last_heartbeat_at)
     seen_indexes = set()
@@ -229,7 +231,7 @@ def node_heartbeat_record(*, node_id: int, report: dict,
         NodeUptimeHour.objects.create(node=node, hour=hour, heartbeats=1)
     nodes_refresh_reliability(node_ids=[node.pk], now=now)
     node.refresh_from_db(fields=["reliability_pct"])
-    return HeartbeatResult(node=node, hardware_changed=changed)
+    return HeartbeatResult(node=node, hardware_changed=changed, first_report=first_report)
 
 
 def nodes_mark_offline(*, now: datetime | None = None) -> list[int]:
@@ -418,3 +420,11 @@ def rentals_end_due(*, now: datetime | None = None) -> int:
         rental_stop(rental_id=rental_id, reason=Rental.StopReason.EXPIRED, now=now)
     return len(due)
 
+
+
+def card_verification_publish(*, card_id: int, status: str, tokens_per_s: float | None,
+                              reference_spec: str) -> None:
+    """Verification's verdict on a card, as the catalog and rent page show it."""
+    Card.objects.filter(pk=card_id).update(verification_status=status,
+                                           verified_tokens_per_s=tokens_per_s,
+                                           reference_spec=reference_spec)

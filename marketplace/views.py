@@ -14,6 +14,7 @@ from marketplace import charts, earnings, selectors, services
 from marketplace.filters import CatalogFilterForm
 from marketplace.forms import ListingForm, NodeForm, RentForm
 from marketplace.models import Card, Node, Rental
+from marketplace.signals import card_page_panels
 
 CATALOG_PAGE_SIZE = 25
 
@@ -44,12 +45,14 @@ def card_detail(request, card_id: int):
     rental = selectors.card_active_rental(card.pk)
     my_rental = rental is not None and rental.renter_id == request.user.pk
     bars = selectors.node_uptime_bars(card.node)
+    panels = [panel for _, panel in card_page_panels.send(sender=Card, card=card,
+                                                           user=request.user) if panel]
     return render(request, "marketplace/card_detail.html", {
         "card": card, "node": card.node, "listing": listing, "is_owner": is_owner,
         "rental": rental, "my_rental": my_rental,
         "low_balance": my_rental and selectors.balance_is_low(request.user, [rental]),
         "rent_form": RentForm(), "uptime_chart": charts.uptime_chart(bars),
-        "uptime_bars": bars,
+        "uptime_bars": bars, "panels": panels,
     })
 
 

@@ -1,0 +1,207 @@
+"""Every evaluator rule, with plain values."""
+
+import pytest
+
+from verification.evaluate import (
+    MISMATCH,
+    OK,
+    THRESHOLDS,
+    WARNING,
+    Evidence,
+    Spec,
+    evaluate,
+    spec_for,
+    verdict,
+)
+
+RTX_4090 = Spec("RTX 4090", 24, 1008, 165, 4, "8.9", 384, 128, ("NVIDIA GeForce RTX 4090",))
+RTX_3090 = Spec("RTX 3090", 24, 936, 71, 4, "8.6", 384, 82, ("NVIDIA GeForce RTX 3090",))
+H200 = Spec("H200", 141, 4800, 989, 5, "9.0", 6144, 132, ("NVIDIA H200",))
+SPECS = [RTX_3090, RTX_4090, H200]
+
+
+def honest_probe(**overrides):
+    probe = {
+        "facts": {"compute_capability_cuda": "8.9", "sm_count": 128,
+                  "memory_bus_width_bits": 384, "theoretical_bandwidth_gbs": 1008.0,
+                  "pcie_gen_max": 4, "pcie_width_max": 16, "power_limit_w": 450,
+                  "power_default_limit_w": 450, "virtualization_mode": 0},
+        "bandwidth": {"best_gbs": 920.0, "median_gbs": 910.0},
+        "matmul": {"best_tflops": 150.0, "median_tflops": 148.0},
+        "host_device": {"h2d_gbs": 24.5, "d2h_gbs": 24.8},
+        "vram": {"free_bytes": int(23.6 * 2**30), "tested_bytes": int(21 * 2**30),
+                 "pattern_ok": True},
+    }
+    for key, value in overrides.items():
+        if key in probe["facts"]:
+            probe["facts"][key] = value
+        else:
+            probe[key] = value
+    return probe
+
+
+def ev(**kwargs):
+    base = dict(reported_name="NVIDIA GeForce RTX 4090", reported_memory_mib=24564,
+                claimed_model="RTX 4090", claimed_vram_gb=24, probe=honest_probe())
+    base.update(kwargs)
+    return Evidence(**base)
+
+
+def by_metric(findings):
+    return {f.metric: f for f in findings}
+
+
+def test_an_honest_4090_has_no_mismatch_or_warning():
+    findings = evaluate(ev(), RTX_4090, SPECS)
+    assert {f.severity for f in findings} == {OK}
+    assert verdict(findings) == "verified"
+    assert {"identity", "vram", "bandwidth", "compute", "pcie", "power"} <= set(
+        by_metric(findings))
+
+
+def test_identity_a_3090_reporting_itself_as_a_4090():
+    probe = honest_probe(compute_capability_cuda="8.6", sm_count=82)
+    found = by_metric(evaluate(ev(probe=probe), RTX_4090, SPECS))["identity"]
+    assert found.severity == MISMATCH
+    assert "compute capability 8.6 (expected 8.9)" in found.measured
+    assert "SMs 82 (expected 128)" in found.measured
+    assert "RTX 3090" in found.message
+
+
+def test_identity_bus_width_alone_is_enough():
+    found = by_metric(evaluate(ev(probe=honest_probe(memory_bus_width_bits=256)), RTX_4090,
+                               SPECS))["identity"]
+    assert found.severity == MISMATCH and "bus width 256" in found.measured
+
+
+def test_identity_listing_claims_another_model():
+    found = by_metric(evaluate(ev(claimed_model="H200"), RTX_4090, SPECS))["identity"]
+    assert found.severity == MISMATCH
+
+
+def test_a_card_missing_from_the_table_is_verified_by_measurement():
+    findings = evaluate(ev(reported_name="NVIDIA Mystery 9000", claimed_model=""), None, SPECS)
+    found = by_metric(findings)
+    assert found["identity"].severity == OK and "no reference spec" in found["identity"].message
+    # bandwidth is judged against the card's own clock x bus width: 920 of 1008 is fine
+    assert found["bandwidth"].severity == OK and "own memory clock" in found["bandwidth"].message
+    assert verdict(findings) == "verified"
+
+
+@pytest.mark.parametrize("free_gib, claimed_gb, reported_mib, severity", [
+    (23.6, 24, 24564, OK),
+    (22.0, 48, 49152, MISMATCH),  # NVML spoofed to 48 GB, the provider claims 48
+    (22.0, 48, 24564, MISMATCH),  # honest NVML, inflated claim
+    (20.0, None, 24564, MISMATCH),  # 81% of what NVML reports
+])
+def test_vram_below_claim(free_gib, claimed_gb, reported_mib, severity):
+    probe = honest_probe(vram={"free_bytes": int(free_gib * 2**30), "pattern_ok": True})
+    found = by_metric(evaluate(ev(probe=probe, claimed_vram_gb=claimed_gb,
+                                  reported_memory_mib=reported_mib), RTX_4090, SPECS))["vram"]
+    assert found.severity == severity
+
+
+def test_vram_pattern_errors_are_a_mismatch():
+    probe = honest_probe(vram={"free_bytes": int(23.6 * 2**30), "pattern_ok": False})
+    assert by_metric(evaluate(ev(probe=probe), RTX_4090, SPECS))["vram"].severity == MISMATCH
+
+
+@pytest.mark.parametrize("gbs, severity", [
+    (1008 * 0.90, OK), (1008 * 0.85, OK), (1008 * 0.84, WARNING), (1008 * 0.75, WARNING),
+    (1008 * 0.74, MISMATCH), (600, MISMATCH)])
+def test_bandwidth_thresholds(gbs, severity):
+    probe = honest_probe(bandwidth={"best_gbs": gbs})
+    found = by_metric(evaluate(ev(probe=probe), RTX_4090, SPECS))["bandwidth"]
+    assert found.severity == severity and found.expected == "1,008 GB/s"
+
+
+def test_the_h200_read_a_correct_way_passes_and_the_consumer_method_fails():
+    """FACTS.md: a method right on consumer cards read an H200 at 2,319 GB/s; a correct one
+    reads ~4,110 (spec 4,800)."""
+    h200 = dict(compute_capability_cuda="9.0", sm_count=132, memory_bus_width_bits=6144,
+                pcie_gen_max=5)
+    for gbs, severity in ((4110, OK), (2319, MISMATCH)):
+        probe = honest_probe(bandwidth={"best_gbs": gbs}, matmul={"best_tflops": 700})
+        probe["facts"].update(h200)
+        found = by_metric(evaluate(ev(reported_name="NVIDIA H200", claimed_model="H200",
+                                      claimed_vram_gb=141, reported_memory_mib=143771,
+                                      probe=probe), H200, SPECS))
+        assert found["bandwidth"].severity == severity
+
+
+@pytest.mark.parametrize("tflops, severity", [(150, OK), (135, WARNING), (100, MISMATCH)])
+def test_compute_thresholds(tflops, severity):
+    probe = honest_probe(matmul={"best_tflops": tflops})
+    assert by_metric(evaluate(ev(probe=probe), RTX_4090, SPECS))["compute"].severity == severity
+
+
+def test_thresholds_live_in_one_place():
+    assert THRESHOLDS["bandwidth"] == (0.75, 0.85) and THRESHOLDS["compute"] == (0.75, 0.85)
+
+
+@pytest.mark.parametrize("gen, width, h2d, severity", [
+    (4, 16, 24.5, OK), (3, 16, 12.0, WARNING), (4, 8, 12.0, WARNING), (3, 1, 0.8, MISMATCH),
+    (4, 16, 3.0, MISMATCH)])
+def test_pcie_link(gen, width, h2d, severity):
+    probe = honest_probe(pcie_gen_max=gen, pcie_width_max=width,
+                         host_device={"h2d_gbs": h2d, "d2h_gbs": h2d})
+    assert by_metric(evaluate(ev(probe=probe), RTX_4090, SPECS))["pcie"].severity == severity
+
+
+def test_power_limit_below_default_is_a_warning():
+    found = by_metric(evaluate(ev(probe=honest_probe(power_limit_w=250)), RTX_4090, SPECS))
+    assert found["power"].severity == WARNING and found["power"].measured == "250 W"
+
+
+def test_wsl_and_virtualisation_are_warnings():
+    assert by_metric(evaluate(ev(wsl=True), RTX_4090, SPECS))["virtualisation"].severity \
+        == WARNING
+    found = by_metric(evaluate(ev(probe=honest_probe(virtualization_mode=2)), RTX_4090, SPECS))
+    assert found["virtualisation"].severity == WARNING and "vGPU" in found["virtualisation"].message
+
+
+def test_a_uuid_seen_on_another_node_is_a_mismatch():
+    found = by_metric(evaluate(ev(other_nodes_with_uuid=(7,)), RTX_4090, SPECS))["uuid"]
+    assert found.severity == MISMATCH and "#7" in found.message
+
+
+@pytest.mark.parametrize("served, severity", [(435, OK), (340, WARNING), (226, MISMATCH)])
+def test_serving_far_below_what_the_hardware_predicts(served, severity):
+    """The WSL2 case: hardware probes fine, serving 48% slower (435 -> 226 tok/s at 32)."""
+    found = by_metric(evaluate(ev(served_tps={1: 90, 8: 300, 32: served},
+                                  reference_tps={1: 94, 32: 435}), RTX_4090, SPECS))["serving"]
+    assert found.severity == severity and "@32" in found.measured
+
+
+def test_serving_without_a_reference_gives_no_finding():
+    assert "serving" not in by_metric(evaluate(ev(served_tps={32: 10}), RTX_4090, SPECS))
+
+
+def test_prefix_cache_and_context_checks():
+    found = by_metric(evaluate(ev(prefix_cache_speedup=4.5, context_accepted=True), RTX_4090,
+                               SPECS))
+    assert found["prefix_cache"].severity == OK and found["context"].severity == OK
+    found = by_metric(evaluate(ev(prefix_cache_speedup=1.1, context_accepted=False), RTX_4090,
+                               SPECS))
+    assert found["prefix_cache"].severity == WARNING and found["context"].severity == MISMATCH
+
+
+def test_missing_measurements_are_said_not_flagged():
+    findings = evaluate(ev(probe=None), RTX_4090, SPECS)
+    assert verdict(findings) == "verified"
+    assert by_metric(findings)["bandwidth"].measured == "not measured"
+
+
+def test_spec_lookup_by_nvml_name():
+    assert spec_for("NVIDIA GeForce RTX 4090", SPECS) is RTX_4090
+    assert spec_for("RTX 3090", SPECS) is RTX_3090
+    assert spec_for("NVIDIA B200", SPECS) is None
+
+
+def test_every_finding_says_something_to_a_renter():
+    probe = honest_probe(compute_capability_cuda="8.6", sm_count=82, power_limit_w=200,
+                         bandwidth={"best_gbs": 500}, matmul={"best_tflops": 60})
+    for finding in evaluate(ev(probe=probe, wsl=True, other_nodes_with_uuid=(3,)), RTX_4090,
+                            SPECS):
+        assert finding.severity in (OK, WARNING, MISMATCH)
+        assert len(finding.message) > 20 and finding.message.endswith(".")

@@ -1,0 +1,149 @@
+"""Load-test a node's OpenAI-compatible engine from the platform side (httpx, no ORM).
+
+This is the figure routing trusts: a card can win every hardware probe and still serve slowly
+(WSL2 served 48% slower than native in a published fleet report). Measured per concurrency:
+output tokens/s summed over the streams (each stream's decode rate, first to last token, so
+prefill and queueing do not blur it), and time to first token p50/p99. Then a long prompt sent
+twice (does prefix caching work?) and a request at the advertised context length (is it
+accepted? read from the response status, which vLLM sends before the prefill ends).
+"""
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+PROMPT_WORDS = 256
+OUTPUT_TOKENS = 128
+PREFIX_WORDS = 4000
+LEVELS = (1, 8, 32)
+
+
+@dataclass
+class Level:
+    concurrency: int
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    completed: int
+    failed: int
+
+
+@dataclass
+class LoadTestResult:
+    model: str
+    levels: list[Level] = field(default_factory=list)
+    prefix_cold_ms: float | None = None
+    prefix_warm_ms: float | None = None
+    context_length: int | None = None
+    context_accepted: bool | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def prefix_speedup(self) -> float | None:
+        if not self.prefix_cold_ms or not self.prefix_warm_ms:
+            return None
+        return self.prefix_cold_ms / self.prefix_warm_ms
+
+    def tps(self) -> dict[int, float]:
+        return {lv.concurrency: lv.tokens_per_s for lv in self.levels if lv.completed}
+
+
+def _words(n: int, seed: str) -> str:
+    # Distinct text per request, so one request's prompt is no cache hit for the next.
+    return " ".join(f"{seed}{i % 97}" for i in range(n))
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
+
+
+async def _stream(client: httpx.AsyncClient, base: str, model: str, prompt: str,
+                  max_tokens: int) -> tuple[float, float, float, int]:
+    """(start, first token, last token, tokens) of one streamed chat completion."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "stream": True, "temperature": 0}
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    last = time.perf_counter()
+                    first = first or last
+                    tokens += 1
+    if first is None:
+        raise RuntimeError("the stream carried no tokens")
+    return start, first, last, tokens
+
+
+async def _level(client, base, model, concurrency: int) -> Level:
+    results = await asyncio.gather(*[
+        _stream(client, base, model, _words(PROMPT_WORDS, f"c{concurrency}r{i}x"),
+                OUTPUT_TOKENS) for i in range(concurrency)], return_exceptions=True)
+    done = [r for r in results if not isinstance(r, BaseException)]
+    rates = [(tokens - 1) / (last - first) for _, first, last, tokens in done
+             if tokens > 1 and last > first]
+    ttfts = [(first - start) * 1000 for start, first, _, _ in done]
+    return Level(concurrency, sum(rates), statistics.median(ttfts) if ttfts else 0.0,
+                 _percentile(ttfts, 99) if ttfts else 0.0, len(done),
+                 len(results) - len(done))
+
+
+async def _context_accepted(client, base, model, context_length: int) -> bool:
+    # "the" is one token in every common tokenizer; stay a chat template's length under the
+    # limit, so the request is at the context length, not beyond it.
+    prompt = " ".join(["the"] * max(1, context_length - 64))
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 8, "stream": True}
+    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+        return response.status_code == 200  # decided before the prefill; don't wait for it
+
+
+async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVELS,
+                        max_concurrency: int | None = None, timeout_s: float = 300,
+                        progress: Callable[[str, int], None] | None = None) -> LoadTestResult:
+    base = base_url.rstrip("/")
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+        listed = (await client.get(f"{base}/v1/models")).json().get("data") or []
+        if not listed:
+            raise RuntimeError("the engine lists no model")
+        entry = next((m for m in listed if m.get("id") == model), listed[0])
+        result = LoadTestResult(model=entry["id"], context_length=entry.get("max_model_len"))
+        levels = sorted(set(levels) | ({max_concurrency} if max_concurrency else set()))
+        steps = len(levels) + 2
+        for i, concurrency in enumerate(levels):
+            if progress:
+                progress(f"{concurrency} concurrent requests", int(100 * i / steps))
+            result.levels.append(await _level(client, base, result.model, concurrency))
+        if progress:
+            progress("prefix cache", int(100 * len(levels) / steps))
+        prefix = _words(PREFIX_WORDS, "prefix")
+        try:
+            start, first, _, _ = await _stream(client, base, result.model, prefix, 4)
+            result.prefix_cold_ms = (first - start) * 1000
+            start, first, _, _ = await _stream(client, base, result.model, prefix, 4)
+            result.prefix_warm_ms = (first - start) * 1000
+        except (httpx.HTTPError, RuntimeError) as exc:
+            result.errors.append(f"prefix test: {exc}")
+        if result.context_length:
+            if progress:
+                progress("context length", int(100 * (len(levels) + 1) / steps))
+            try:
+                result.context_accepted = await _context_accepted(client, base, result.model,
+                                                                  result.context_length)
+            except httpx.HTTPError as exc:
+                result.errors.append(f"context test: {exc}")
+    return result

@@ -1,0 +1,25 @@
+"""Seed the reference spec table from verification/spec_data.py (then edited in admin)."""
+
+from django.db import migrations
+
+
+def seed(apps, schema_editor):
+    from verification.spec_data import SPECS
+
+    GpuSpec = apps.get_model("verification", "GpuSpec")
+    for row in SPECS:
+        GpuSpec.objects.update_or_create(name=row["name"], defaults={
+            k: ("" if v is None and k == "compute_capability" else v)
+            for k, v in row.items() if k != "name"})
+
+
+def unseed(apps, schema_editor):
+    from verification.spec_data import SPECS
+
+    apps.get_model("verification", "GpuSpec").objects.filter(
+        name__in=[row["name"] for row in SPECS]).delete()
+
+
+class Migration(migrations.Migration):
+    dependencies = [("verification", "0001_initial")]
+    operations = [migrations.RunPython(seed, unseed)]

@@ -1,0 +1,176 @@
+"""Verification: reference specs, runs, what was measured, and what it means for renters.
+
+A run verifies one node: the agent probes its GPUs, the platform load-tests its engine, a pure
+evaluator (evaluate.py) turns measurements + spec + claims into findings, and the card's
+verified capacity is published for routing.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from marketplace.models import Card, Node
+
+
+class GpuSpec(models.Model):
+    """A GPU model's published figures (seeded by a data migration; operators edit in admin)."""
+
+    name = models.CharField(max_length=100, unique=True)
+    nvml_names = models.JSONField(default=list)  # the names NVML reports for this model
+    memory_gb = models.PositiveIntegerField()
+    bandwidth_gbs = models.PositiveIntegerField()
+    bf16_tflops = models.PositiveIntegerField(null=True, blank=True)  # dense, FP32 accumulate
+    l2_mb = models.PositiveIntegerField(null=True, blank=True)
+    power_w = models.PositiveIntegerField(null=True, blank=True)
+    pcie_gen = models.PositiveSmallIntegerField(null=True, blank=True)
+    compute_capability = models.CharField(max_length=8, blank=True)
+    bus_width_bits = models.PositiveIntegerField(null=True, blank=True)
+    sm_count = models.PositiveIntegerField(null=True, blank=True)
+    sources = models.JSONField(default=dict)  # field (or "*") -> where the figure comes from
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "GPU spec"
+
+    def __str__(self):
+        return self.name
+
+    def source_of(self, field: str) -> str:
+        return self.sources.get(field) or self.sources.get("*", "")
+
+
+class VerificationRun(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        PROBING = "probing", "probing the hardware"
+        LOAD_TESTING = "load_testing", "load-testing the engine"
+        EVALUATING = "evaluating"
+        DONE = "done"
+        FAILED = "failed"
+        TIMED_OUT = "timed_out", "timed out"
+
+    ACTIVE = (Status.QUEUED, Status.PROBING, Status.LOAD_TESTING, Status.EVALUATING)
+
+    class Trigger(models.TextChoices):
+        ENROLMENT = "enrolment"
+        HARDWARE_CHANGE = "hardware_change", "hardware or driver change"
+        SCHEDULE = "schedule", "weekly check"
+        PROVIDER = "provider", "requested by the provider"
+        OPERATOR = "operator", "requested by an operator"
+        RESTART = "restart", "restarted after a timeout"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="verification_runs")
+    trigger = models.CharField(max_length=20, choices=Trigger.choices)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
+    step_detail = models.CharField(max_length=200, blank=True)  # "concurrency 8 of 1, 8, 32"
+    progress_pct = models.PositiveSmallIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    updated_at = models.DateTimeField(default=timezone.now)  # any progress; stale runs time out
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+    model = models.CharField(max_length=200, blank=True)  # the engine model load-tested
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(
+            fields=["node"], condition=Q(status__in=["queued", "probing", "load_testing",
+                                                     "evaluating"]),
+            name="verification_one_active_run_per_node")]
+
+    def __str__(self):
+        return f"run #{self.pk} of {self.node} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in self.ACTIVE
+
+
+class ProbeJob(models.Model):
+    """Work for the agent, handed out in heartbeat replies until it answers."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DONE = "done"
+        FAILED = "failed"
+
+    run = models.ForeignKey(VerificationRun, on_delete=models.CASCADE, related_name="jobs")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="probe_jobs")
+    kind = models.CharField(max_length=32, default="probes")
+    params = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    answered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "status"])]
+
+    def __str__(self):
+        return f"{self.kind} job #{self.pk} ({self.status})"
+
+
+class Measurement(models.Model):
+    """One measured figure of a run; (run, card, metric) is unique, so a retried task
+    overwrites rather than duplicates."""
+
+    run = models.ForeignKey(VerificationRun, on_delete=models.CASCADE,
+                            related_name="measurements")
+    card = models.ForeignKey(Card, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="measurements")  # null: the node's engine as a whole
+    metric = models.CharField(max_length=64)
+    value = models.FloatField()  # a physical quantity (GB/s, TFLOPS, tok/s, ms), not money
+    unit = models.CharField(max_length=16)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "card", "metric"], name="measurement_once",
+                                    nulls_distinct=False),
+        ]
+
+    def __str__(self):
+        return f"{self.metric} = {self.value:g} {self.unit}"
+
+
+class Finding(models.Model):
+    class Severity(models.TextChoices):
+        OK = "ok"
+        WARNING = "warning"
+        MISMATCH = "mismatch"
+
+    run = models.ForeignKey(VerificationRun, on_delete=models.CASCADE, related_name="findings")
+    card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="findings")
+    severity = models.CharField(max_length=16, choices=Severity.choices)
+    metric = models.CharField(max_length=64)
+    claimed = models.CharField(max_length=100, blank=True)
+    expected = models.CharField(max_length=100, blank=True)
+    measured = models.CharField(max_length=100, blank=True)
+    message = models.CharField(max_length=500)
+
+    class Meta:
+        ordering = ["card_id", "id"]
+        constraints = [models.UniqueConstraint(fields=["run", "card", "metric"],
+                                               name="finding_once")]
+
+    def __str__(self):
+        return f"{self.severity}: {self.message}"
+
+
+class VerifiedCapacity(models.Model):
+    """What routing may count on: output tokens/s at 32 concurrent, per (card, model)."""
+
+    card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="capacities")
+    model = models.CharField(max_length=200)
+    tokens_per_s = models.FloatField()
+    concurrency = models.PositiveSmallIntegerField(default=32)
+    run = models.ForeignKey(VerificationRun, on_delete=models.CASCADE, related_name="+")
+    measured_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["card", "model"],
+                                               name="capacity_card_model")]
+        verbose_name_plural = "verified capacities"
+
+    def __str__(self):
+        return f"{self.card}: {self.tokens_per_s:.0f} tok/s of {self.model}"

@@ -1,0 +1,43 @@
+"""Reads for the rent page's verification panel and the REST API."""
+
+from verification import charts
+from verification import evaluate as ev
+from verification.models import Finding, GpuSpec, VerificationRun
+from verification.spec_data import SERVING_REFERENCE
+
+
+def card_panel(card, user) -> dict:
+    runs = list(VerificationRun.objects.filter(node_id=card.node_id)[:10])
+    active = next((r for r in runs if r.is_active), None)
+    done = next((r for r in runs if r.status == VerificationRun.Status.DONE), None)
+    spec = next((s for s in GpuSpec.objects.all() if card.name in s.nvml_names), None)
+    panel = {"card": card, "active": active, "done": done, "runs": runs, "spec": spec,
+             "is_owner": user.is_authenticated and card.node.owner_id == user.pk}
+    if done is None:
+        return panel
+    findings = list(Finding.objects.filter(run=done, card=card))
+    severity = {f.metric: f.severity for f in findings}
+    mine = {m.metric: m for m in done.measurements.filter(card=card)}
+    engine = {m.metric: m for m in done.measurements.filter(card__isnull=True)}
+
+    def value(metric):
+        return mine[metric].value if metric in mine else None
+
+    panel["findings"] = sorted(findings, key=lambda f: ("mismatch", "warning", "ok").index(
+        f.severity))
+    panel["hardware_chart"] = charts.measured_vs_spec([
+        ("Memory bandwidth", value("bandwidth_gbs"), spec.bandwidth_gbs if spec else None,
+         "GB/s", severity.get("bandwidth", "ok")),
+        ("BF16 matmul", value("bf16_tflops"), spec.bf16_tflops if spec else None, "TFLOPS",
+         severity.get("compute", "ok")),
+        ("Host to device", value("h2d_gbs"), None, "GB/s", severity.get("pcie", "ok")),
+    ])
+    served = {int(k.split("@")[1]): m.value for k, m in engine.items() if k.startswith("tps@")}
+    count = card.node.cards.filter(present=True).count()
+    reference = next((dict(r["tps"]) for r in SERVING_REFERENCE if spec and r["gpu"] == spec.name
+                      and r["count"] == count and r["model"] == done.model), {})
+    panel["serving_chart"] = charts.tokens_vs_concurrency(served, reference)
+    panel["ttft"] = sorted((int(k.split("@")[1]), m.value) for k, m in engine.items()
+                           if k.startswith("ttft_p50@"))
+    panel["verdict"] = ev.verdict(findings)
+    return panel
