@@ -9,6 +9,7 @@ or run twice by two workers does its work once; measurements and findings are un
 """
 
 import asyncio
+import concurrent.futures
 from dataclasses import asdict
 from datetime import datetime, timedelta
 
@@ -88,6 +89,7 @@ def job_result_record(*, node_id: int, job_id: int, status: str, result: dict | 
                       error: str = "", now: datetime | None = None) -> ProbeJob:
     """The agent's answer to a probe job: stored once, its figures become measurements."""
     now = now or timezone.now()
+    error = error or ""
     with transaction.atomic():
         job = ProbeJob.objects.select_for_update().filter(pk=job_id, node_id=node_id).first()
         if job is None:
@@ -159,16 +161,27 @@ def run_load_test(*, run_id: int) -> bool:
         _progress(run, "the engine was not reachable: no load test", 80)
         return True
 
-    def progress(detail: str, pct: int) -> None:
-        _progress(run, f"load test: {detail}", 35 + pct * 45 // 100)
-
-    try:
-        result = asyncio.run(loadtest.run_load_test(
+    # The load test runs on its own event loop in a worker thread; this thread keeps the ORM
+    # (which must not run inside an event loop) and writes the progress as it comes.
+    latest: dict = {}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(asyncio.run, loadtest.run_load_test(
             node.engine_url, levels=settings.RIGSHARE_LOAD_TEST_LEVELS,
-            max_concurrency=_advertised_concurrency(node), progress=progress))
-    except Exception as exc:  # an engine that breaks under load is a finding, not a crash
-        VerificationRun.objects.filter(pk=run.pk).update(error=f"load test: {exc}"[:500])
-        return True
+            max_concurrency=_advertised_concurrency(node),
+            progress=lambda detail, pct: latest.update(detail=detail, pct=pct)))
+        shown = None
+        while True:
+            try:
+                result = future.result(timeout=1)
+                break
+            except concurrent.futures.TimeoutError:
+                if latest and latest != shown:
+                    shown = dict(latest)
+                    _progress(run, f"load test: {shown['detail']}", 35 + shown["pct"] * 45 // 100)
+            except Exception as exc:  # an engine that breaks under load: a finding, no crash
+                VerificationRun.objects.filter(pk=run.pk).update(
+                    error=f"load test: {exc}"[:500], updated_at=timezone.now())
+                return True
     for level in result.levels:
         details = asdict(level)
         _measure(run, None, f"tps@{level.concurrency}", level.tokens_per_s, "tok/s", details)
