@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from fleetsim.profiles import get_profile
 from fleetsim.server import EngineServer, ServerThread
+from tests.verification.test_pipeline import enrolled_node, h200_probe, h200_report
 from verification import services, tasks
 from verification.models import Measurement, VerificationRun
-from tests.verification.test_pipeline import enrolled_node, h200_probe, h200_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
