@@ -5,9 +5,8 @@ import pytest
 from billing.pricing import usd_to_micros
 from marketplace import services as marketplace
 from marketplace.models import Card, Listing
-from tests.verification.test_pipeline import (  # noqa: F401  (the engine fixture)
+from tests.verification.test_pipeline import (
     enrolled_node,
-    h200_engine,
     h200_probe,
     h200_report,
     run_pipeline,

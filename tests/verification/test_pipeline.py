@@ -6,16 +6,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from fleetsim.profiles import get_profile
-from fleetsim.server import EngineServer, ServerThread
 from marketplace import services as marketplace
 from marketplace.models import Card, Node
-from verification import loadtest, services, tasks
+from tests.verification.conftest import SCALE
+from verification import services, tasks
 from verification.models import Finding, Measurement, ProbeJob, VerificationRun, VerifiedCapacity
 
 pytestmark = pytest.mark.django_db
 
-SCALE = 10  # the simulated engine runs 10x faster than the card, so rates read 10x higher
 H200_UUID = "GPU-0a0a0a0a-1111-2222-3333-444444444444"
 
 
@@ -48,15 +46,6 @@ def h200_probe(**gpu_overrides):
     for key, value in gpu_overrides.items():
         (gpu["facts"] if key in gpu["facts"] else gpu)[key] = value
     return {"device": "cuda", "kernel_release": "6.8.0", "wsl": False, "gpus": [gpu]}
-
-
-@pytest.fixture
-def h200_engine(settings, monkeypatch):
-    settings.RIGSHARE_LOAD_TEST_LEVELS = (1, 8, 32)
-    # At 10x, HTTP overhead (which does not scale) would hide a 4,000-word prefill.
-    monkeypatch.setattr(loadtest, "PREFIX_WORDS", 40_000)
-    with ServerThread(EngineServer(get_profile("h200"), time_scale=SCALE)) as server:
-        yield server.url
 
 
 def enrolled_node(owner, report) -> Node:
