@@ -7,7 +7,8 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c requiremen
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: demo test install install-dev chromium check-services lint bench bench-billing clean
+.PHONY: demo test install install-dev chromium check-services lint bench bench-billing \
+        bench-verification clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,11 +50,18 @@ bench: install-dev check-services
 	  $(BIN)/python bench/catalog.py
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/billing.py $(BENCH_ARGS)
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/verification.py
 
 # Reserve+settle pairs/s and latency with 32 clients; BENCH_ARGS="--duration 5" for a quick run.
 bench-billing: install-dev check-services
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/billing.py $(BENCH_ARGS)
+
+# The planted-fault fleet verified end to end: recall on liars, false flags on honest cards.
+bench-verification: install-dev check-services
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/verification.py
 
 clean:
 	rm -rf $(VENV) db.sqlite3 var staticfiles
