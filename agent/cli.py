@@ -1,4 +1,4 @@
-"""`python -m agent enroll | run | facts`: see docs/agent-protocol.md."""
+"""`python -m agent enroll | run | facts | probe`: see docs/agent-protocol.md."""
 
 import argparse
 import json
@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agent import __version__, client, hardware
+from agent import __version__, client, hardware, probe_jobs, probes
 from agent.credential import (
     DEFAULT_CREDENTIAL_FILE,
     CredentialError,
@@ -62,6 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     facts = commands.add_parser("facts", help="print the hardware facts a heartbeat would send")
     _simulate_arguments(facts)
     facts.set_defaults(command=cmd_facts)
+
+    probe = commands.add_parser("probe", help="run the verification probes here and print "
+                                "the result the platform would get")
+    probe.add_argument("--quick", action="store_true",
+                       help="short warm-up, few iterations, small sizes: a fast check")
+    probe.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                       help="auto: the GPUs torch sees, else none; cpu: measure the CPU "
+                       "(a check of the probes, not of a GPU)")
+    probe.add_argument("--params", type=_json_object, default={},
+                       help='probe params as JSON, e.g. \'{"matmul_n": 4096, "iterations": 50}\'')
+    _simulate_arguments(probe)
+    probe.set_defaults(command=cmd_probe)
     return parser
 
 
@@ -87,6 +99,16 @@ def _simulate_arguments(parser):
     parser.add_argument("--simulate", metavar="PROFILE",
                         help="report a fleetsim profile instead of this machine's hardware")
     parser.add_argument("--machine-id", help="with --simulate: which simulated machine")
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _positive_float(text: str) -> float:
@@ -130,6 +152,8 @@ def cmd_run(args) -> int:
     interval = args.interval
     notice_shown = False
     last_summary = None
+    runner = probe_jobs.JobRunner(platform=platform, credential=node["credential"],
+                                  executors={"probes": _probe_executor(args)}, log=log)
     restore = _stop_on_sigterm()
     try:
         with httpx.Client() as platform_http, httpx.Client() as engine_http:
@@ -163,18 +187,20 @@ def cmd_run(args) -> int:
                     last_summary = None
                 else:
                     interval = _reply_interval(reply, interval)
-                    summary = _summary(reply, body, interval)
+                    summary = _summary(reply, body, interval, args.once)
                     if summary != last_summary:  # log changes, not a line every 10 s
                         log(summary)
                         last_summary = summary
                     if args.once:
                         return 0
+                    runner.offer(reply.get("jobs"))
                 time.sleep(interval)
     except KeyboardInterrupt:
         log("Stopped.")
         return 0
     finally:
         restore()
+        runner.close()
 
 
 def _reply_interval(reply: dict, current: float) -> float:
@@ -184,14 +210,15 @@ def _reply_interval(reply: dict, current: float) -> float:
     return current
 
 
-def _summary(reply: dict, body: dict, interval: float) -> str:
+def _summary(reply: dict, body: dict, interval: float, once: bool) -> str:
     engine = body["engine"]
     engine_text = (
         f"engine up, {len(engine['models'])} model(s)" if engine["reachable"]
         else f"engine unreachable ({engine['error']})"
     )
     review = ", needs review" if reply.get("needs_review") else ""
-    jobs = f", {len(reply['jobs'])} job(s) ignored" if reply.get("jobs") else ""
+    # The job runner logs each job it takes; only --once leaves them.
+    jobs = f", {len(reply['jobs'])} job(s) left for run" if once and reply.get("jobs") else ""
     return (f"Heartbeat OK: node {reply.get('node_id')} {reply.get('status')}{review}; "
             f"{len(body['gpus'])} GPU(s); {engine_text}{jobs}; every {interval:g} s")
 
@@ -231,6 +258,33 @@ def _facts_reader(args):
         return lambda: (hardware.simulated_facts(args.simulate, args.machine_id), None)
     nvml = hardware.load_pynvml()
     return lambda: hardware.hardware_facts(nvml)
+
+
+# --- probe ----------------------------------------------------------------------------------
+
+def cmd_probe(args) -> int:
+    params = {**args.params, **({"quick": True} if args.quick else {})}
+    execute = _probe_executor(args, device=args.device)
+    try:
+        result = execute(params)
+    except probes.ProbeError as exc:
+        raise AgentError(str(exc)) from None
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _probe_executor(args, device: str | None = None):
+    """A function of a job's params returning the probes result: measured here, or under
+    --simulate answered by the fleetsim profile."""
+    if args.machine_id and not args.simulate:
+        raise AgentError("--machine-id only goes with --simulate PROFILE.")
+    if args.simulate:
+        if not args.machine_id:
+            raise AgentError("--simulate needs --machine-id, e.g. --machine-id m1.")
+        return lambda params: probes.simulated_probes(args.simulate, args.machine_id, params)
+    nvml = hardware.load_pynvml()
+    # Looked up at each call, not bound here, so tests can stand in for run_probes.
+    return lambda params: probes.run_probes(params, nvml=nvml, device=device, log=log)
 
 
 # --- helpers --------------------------------------------------------------------------------

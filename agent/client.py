@@ -1,4 +1,5 @@
-"""HTTP to the platform (enrol, heartbeat) and to the local engine (its model list)."""
+"""HTTP to the platform (enrol, heartbeat, job results) and to the local engine (its model
+list)."""
 
 import httpx
 
@@ -36,7 +37,20 @@ def heartbeat(client: httpx.Client, platform: str, credential: str, body: dict) 
     )
 
 
-def _post(client: httpx.Client, url: str, body: dict, headers: dict) -> dict:
+def post_job_result(client: httpx.Client, platform: str, credential: str, job_id,
+                    body: dict) -> None:
+    """POST /api/agent/jobs/<id>/result/; any 2xx means stored, whatever its body."""
+    _post(
+        client,
+        f"{platform}/api/agent/jobs/{job_id}/result/",
+        body,
+        headers={"Authorization": f"Bearer {credential}"},
+        want_object=False,
+    )
+
+
+def _post(client: httpx.Client, url: str, body: dict, headers: dict,
+          want_object: bool = True) -> dict | None:
     try:
         response = client.post(url, json=body, headers=headers, timeout=PLATFORM_TIMEOUT_S)
     except httpx.HTTPError as exc:
@@ -49,6 +63,8 @@ def _post(client: httpx.Client, url: str, body: dict, headers: dict) -> dict:
                               "use that address as the platform URL")
     if status >= 400:
         raise Refused(status, platform_message(response))
+    if not want_object:
+        return None
     try:
         reply = response.json()
     except ValueError:

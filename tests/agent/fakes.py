@@ -3,6 +3,7 @@
 import json
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +45,18 @@ H200 = {
     "pcie_width_current": 16,
     "pcie_width_max": 16,
     "power_mw": 700_000,
+    # What only the probes read (FACTS.md: H200 SXM, 4,800 GB/s spec).
+    "serial": "1654922012345",
+    "architecture": 9,  # NVML_DEVICE_ARCH_HOPPER
+    "memory_bus_width": 6144,
+    "max_memory_clock": 3201,
+    "power_default_mw": 700_000,
+    "virtualization_mode": 0,
+    "ecc_mode": [1, 1],  # [current, pending]
+    "ecc_errors": 0,
+    "sm_clock": 1980,
+    "memory_clock": 3201,
+    "clocks_event_reasons": 0,
 }
 
 RTX_4090 = {
@@ -56,15 +69,33 @@ RTX_4090 = {
     "pcie_width_current": 16,
     "pcie_width_max": 16,
     "power_mw": 450_000,
+    "serial": NVMLError_NotSupported("Not Supported"),  # GeForce cards have none
+    "architecture": 8,  # NVML_DEVICE_ARCH_ADA
+    "memory_bus_width": 384,
+    "max_memory_clock": 10501,
+    "power_default_mw": 450_000,
+    "virtualization_mode": 0,
+    "ecc_mode": NVMLError_NotSupported("Not Supported"),
+    "ecc_errors": NVMLError_NotSupported("Not Supported"),
+    "sm_clock": 2520,
+    "memory_clock": 10501,
+    "clocks_event_reasons": 0x4,  # sw_power_cap
 }
+
+
+CLOCK_FIELDS = {1: "sm_clock", 2: "memory_clock"}  # NVML_CLOCK_SM, NVML_CLOCK_MEM
 
 
 def fake_nvml(gpus, *, driver="560.35.03", cuda=12060, init_error=None, count_error=None):
     """A module-like object with pynvml's function names. A GPU field (or driver/cuda) whose
-    value is an exception instance raises it, as NVML does for an unsupported query."""
+    value is an exception instance raises it, as NVML does for an unsupported query; a field
+    the GPU dict lacks is Not Supported; a callable field is called (a reading that changes,
+    e.g. a PCIe link that speeds up under load)."""
     calls = []
 
     def answer(value):
+        if callable(value):
+            value = value()
         if isinstance(value, BaseException):
             raise value
         return value
@@ -72,9 +103,24 @@ def fake_nvml(gpus, *, driver="560.35.03", cuda=12060, init_error=None, count_er
     def device(field):
         def query(handle):
             calls.append(field)
+            if field not in handle:
+                raise NVMLError_NotSupported("Not Supported")
             return answer(handle[field])
 
         return query
+
+    def clock(handle, clock_type):
+        return device(CLOCK_FIELDS[clock_type])(handle)
+
+    def max_clock(handle, clock_type):
+        if clock_type != 2:  # only the memory clock's maximum is asked
+            raise NVMLError_NotSupported("Not Supported")
+        return device("max_memory_clock")(handle)
+
+    def ecc_errors(handle, error_type, counter_type):
+        # Uncorrected (1), aggregate over the card's life (1): what the probes report.
+        assert (error_type, counter_type) == (1, 1), (error_type, counter_type)
+        return device("ecc_errors")(handle)
 
     def init():
         calls.append("init")
@@ -108,7 +154,79 @@ def fake_nvml(gpus, *, driver="560.35.03", cuda=12060, init_error=None, count_er
         nvmlDeviceGetCurrPcieLinkWidth=device("pcie_width_current"),
         nvmlDeviceGetMaxPcieLinkWidth=device("pcie_width_max"),
         nvmlDeviceGetPowerManagementLimit=device("power_mw"),
+        nvmlDeviceGetSerial=device("serial"),
+        nvmlDeviceGetArchitecture=device("architecture"),
+        nvmlDeviceGetMemoryBusWidth=device("memory_bus_width"),
+        nvmlDeviceGetMaxClockInfo=max_clock,
+        nvmlDeviceGetClockInfo=clock,
+        nvmlDeviceGetPowerManagementDefaultLimit=device("power_default_mw"),
+        nvmlDeviceGetVirtualizationMode=device("virtualization_mode"),
+        nvmlDeviceGetEccMode=device("ecc_mode"),
+        nvmlDeviceGetTotalEccErrors=ecc_errors,
+        nvmlDeviceGetCurrentClocksEventReasons=device("clocks_event_reasons"),
+        nvmlDeviceGetCurrentClocksThrottleReasons=device("clocks_event_reasons"),
     )
+
+
+class FakeEvent:
+    """torch.cuda.Event on the CPU: records perf_counter, answers milliseconds."""
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1000
+
+
+class CudaOnCpu:
+    """Real torch, dressed as a CUDA build with these GPUs (torch.cuda.get_device_properties
+    objects) whose tensors live on the CPU: the probes' GPU path (CUDA events, NVML facts,
+    the link under load, the VRAM check) runs for real without a GPU."""
+
+    def __init__(self, torch, properties, *, free_bytes=8 * MIB, total_bytes=16 * MIB):
+        self._torch = torch
+        self.pinned = []  # pin_memory of each torch.empty
+        self.synchronized = 0
+        self.version = SimpleNamespace(cuda="12.8")
+        self.cuda = SimpleNamespace(
+            is_available=lambda: True,
+            device_count=lambda: len(properties),
+            get_device_properties=lambda index: properties[index],
+            Event=FakeEvent,
+            synchronize=self._synchronize,
+            mem_get_info=lambda device=None: (free_bytes, total_bytes),
+            empty_cache=lambda: None,
+            device=lambda index: nullcontext(),
+        )
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+    def _synchronize(self, device=None):
+        self.synchronized += 1
+
+    def device(self, kind, index=None):
+        assert kind == "cuda"
+        return self._torch.device("cpu")
+
+    def empty(self, *size, pin_memory=False, **kwargs):
+        self.pinned.append(pin_memory)
+        return self._torch.empty(*size, **kwargs)
+
+
+def gpu_properties(name="NVIDIA H200", uuid="5b1c0d2e-1111-2222-3333-444455556666",
+                   major=9, minor=0, sm_count=132, l2_bytes=50 * MIB):
+    """What torch.cuda.get_device_properties says (its uuid has no "GPU-" prefix)."""
+    return SimpleNamespace(name=name, uuid=uuid, major=major, minor=minor,
+                           multi_processor_count=sm_count, L2_cache_size=l2_bytes,
+                           total_memory=143_771 * MIB)
 
 
 @dataclass
