@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from fleetsim.profiles import PROFILES, get_profile
+from fleetsim.profiles import HONEST, LIARS, PLANTED_FLEET, PROFILES, get_profile
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,8 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = commands.add_parser("up", help="run a fleet: engine servers plus the real node agent")
     up.add_argument("--platform", required=True, help="e.g. http://127.0.0.1:8000")
-    up.add_argument("--profiles", required=True, type=_csv, metavar="KEY[,KEY...]",
-                    help="one machine per key; a key may repeat")
+    fleet = up.add_mutually_exclusive_group(required=True)
+    fleet.add_argument("--profiles", type=_csv, metavar="KEY[,KEY...]",
+                       help="one machine per key; a key may repeat")
+    fleet.add_argument("--planted", dest="profiles", action="store_const", const=PLANTED_FLEET,
+                       help=f"the verification benchmark's fleet: {len(HONEST)} honest machines "
+                            f"and {len(LIARS)} with planted faults ({len(PLANTED_FLEET)} "
+                            "machines, one token each)")
     up.add_argument("--tokens", type=_csv, default=[], metavar="TOKEN[,TOKEN...]",
                     help="one enrolment token per machine, in order")
     up.add_argument("--state-dir", type=Path, default=Path("var/fleetsim"),
@@ -73,14 +78,14 @@ def _positive_float(text: str) -> float:
 
 
 def cmd_list(args) -> int:
-    print(f"{'KEY':<18} {'ENGINE':<10} {'GPUS':<62} {'CONTEXT':>8} {'TOK/S@1':>8} "
-          f"{'TOK/S@MAX':>14} {'PREFILL':>8}")
+    print(f"{'KEY':<22} {'ENGINE':<10} {'GPUS (AS REPORTED)':<62} {'CONTEXT':>8} "
+          f"{'TOK/S@1':>8} {'TOK/S@MAX':>14} {'PREFILL':>8}  PLANTED")
     for p in PROFILES.values():
         top_n, top_tps = p.throughput[-1]
         gpus = f"{p.gpu_count}x {p.gpu_name} ({p.memory_total_mib:,} MiB)"
-        print(f"{p.key:<18} {p.engine:<10} {gpus:<62} {p.context_length:>8,} "
+        print(f"{p.key:<22} {p.engine:<10} {gpus:<62} {p.context_length:>8,} "
               f"{p.aggregate_tps(1):>8.0f} {f'{top_tps:,.0f} at {top_n}':>14} "
-              f"{p.prefill_tps:>8.0f}")
+              f"{p.prefill_tps:>8.0f}  {LIARS.get(p.key, '-')}")
     return 0
 
 

@@ -202,7 +202,7 @@ async def run_fleet(platform: str, machines: list[Machine], *, time_scale: float
                 agents.append(proc)
                 pipes.append(asyncio.create_task(_follow(proc, f"[{m.machine_id}]", stop)))
             node = _node_id(m) if with_agents else None
-            print(f"{m.machine_id:<22} {m.profile.key:<18} {m.engine_url}  "
+            print(f"{m.machine_id:<24} {m.profile.key:<22} {m.engine_url}  "
                   f"node {node if node is not None else '-'}", flush=True)
         if ready is not None:
             ready.set()

@@ -6,13 +6,18 @@ agent must run with nothing but httpx and nvidia-ml-py installed.
 Every figure comes from /work/shared/FACTS.md (a GPU fleet operator's published measurements of
 a 27B model on vLLM, plus the GPU reference spec table); each profile's `sources` says which
 figure came from where and which ones are our own estimates.
+
+Besides the honest machines, the planted-fault profiles ("liars", LIARS) let the verification
+benchmark score itself: each is an honest profile with `Faults` planted (see `plant`), and
+simulated_probe_results answers the agent's `probes` job from the real card plus its faults.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The model every measured fleet machine served (FACTS.md: "27B model, vLLM"). Same id as the
 # agent protocol's example, so the platform's routing sees one model across engines.
@@ -30,6 +35,120 @@ _UUID_NAMESPACE = uuid.UUID("8f0c6d0e-5a4b-4c1e-9d3a-2b7f6e1a9c40")
 # decode is compute-bound like prefill, whereas single-stream decode is bandwidth-bound.
 _PREFILL_REF_TPS = 13_000 / (7.2 - 1.6)
 _PREFILL_REF_AGG32 = 1_342.0
+
+
+@dataclass(frozen=True)
+class Card:
+    """What a GPU physically is: the figures a correct measurement is derived from.
+
+    A profile's NVML fields say what the machine *reports*; its `card` says what is really in
+    it. They agree on an honest machine and differ where a liar spoofs NVML.
+    """
+
+    name: str  # NVML name of the real card
+    architecture: str | None  # NVML architecture, as the agent names it
+    compute_capability: str | None  # what CUDA itself reports
+    sm_count: int | None
+    memory_mib: int  # what the card really has, as NVML reports it when nothing is spoofed
+    bus_width_bits: int | None
+    max_memory_clock_mhz: int | None  # NVML max memory clock (half the GDDR data rate)
+    sm_clock_mhz: int | None  # graphics clock under a sustained load
+    l2_mb: int | None
+    bandwidth_gbs: float  # spec
+    # Dense, FP32 accumulate; an ESTIMATE where none is published; None where unmeasured.
+    bf16_tflops: float | None
+    pcie_gen: int | None
+    power_w: int | None  # default power limit
+    ecc_mode: int | None  # None: GeForce cards do not support ECC (NVML says not supported)
+    has_serial: bool  # NVML reads a board serial on datacenter and pro boards only
+    # Share of the spec a correct method measures on this card (see _CARD_NOTE); None on a
+    # card the probes cannot measure (no CUDA).
+    bandwidth_efficiency: float | None
+    matmul_efficiency: float | None
+    reserved_mib: int = 512  # memory taken before the VRAM test runs (CUDA context)
+
+
+_CARD_NOTE = (
+    "Memory clocks and bus widths as NVML reports them (4090 10,501 MHz x 384 bits = 1,008 GB/s; "
+    "3090 9,751 x 384 = 936; 5090 and PRO 6000 14,001 x 512 = 1,792; H200 3,201 x 6,144 = "
+    "4,917); SM counts, compute capabilities, L2, power and PCIe from verification/spec_data.py "
+    "and FACTS.md; graphics clocks are NVIDIA's published boost clocks. Measured shares of spec: "
+    "FACTS.md says published SM-kernel bandwidth results reach 81-96% of spec, so honest cards "
+    "read ~90% (the H200 87.5%: ~4,200 of 4,800, where FACTS.md's correct method read 4,110); "
+    "BF16 matmul reads 78-82% of the dense FP32-accumulate spec (our choice inside the 70-85% "
+    "a tuned GEMM reaches); a 3090 measures ~92% / ~87% (~860 GB/s, ~62 TFLOPS)."
+)
+
+CARDS: dict[str, Card] = {
+    "rtx-3090": Card(
+        name="NVIDIA GeForce RTX 3090", architecture="ampere", compute_capability="8.6",
+        sm_count=82, memory_mib=24_576,  # nvidia-smi's usual reading; not in FACTS.md
+        bus_width_bits=384, max_memory_clock_mhz=9_751, sm_clock_mhz=1_695, l2_mb=6,
+        bandwidth_gbs=936, bf16_tflops=71, pcie_gen=4, power_w=350, ecc_mode=None,
+        has_serial=False, bandwidth_efficiency=0.92, matmul_efficiency=0.87),
+    "rtx-4090": Card(
+        name="NVIDIA GeForce RTX 4090", architecture="ada", compute_capability="8.9",
+        sm_count=128, memory_mib=24_564, bus_width_bits=384, max_memory_clock_mhz=10_501,
+        sm_clock_mhz=2_520, l2_mb=72, bandwidth_gbs=1_008, bf16_tflops=165, pcie_gen=4,
+        power_w=450, ecc_mode=None, has_serial=False, bandwidth_efficiency=0.90,
+        matmul_efficiency=0.82),
+    "rtx-5090": Card(
+        name="NVIDIA GeForce RTX 5090", architecture="blackwell", compute_capability="12.0",
+        sm_count=170, memory_mib=32 * 1024, bus_width_bits=512, max_memory_clock_mhz=14_001,
+        sm_clock_mhz=2_407, l2_mb=96, bandwidth_gbs=1_792, bf16_tflops=209, pcie_gen=5,
+        power_w=575, ecc_mode=None, has_serial=False, bandwidth_efficiency=0.90,
+        matmul_efficiency=0.80),
+    "rtx-pro-6000": Card(
+        name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", architecture="blackwell",
+        compute_capability="12.0", sm_count=188, memory_mib=96 * 1024, bus_width_bits=512,
+        max_memory_clock_mhz=14_001, sm_clock_mhz=2_617, l2_mb=128, bandwidth_gbs=1_792,
+        # ESTIMATE: no dense BF16 figure is published; the 5090's 209 scaled by SMs (188/170).
+        bf16_tflops=231, pcie_gen=5, power_w=600, ecc_mode=1, has_serial=True,
+        bandwidth_efficiency=0.90, matmul_efficiency=0.80),
+    "h200": Card(
+        name="NVIDIA H200", architecture="hopper", compute_capability="9.0", sm_count=132,
+        memory_mib=143_771, bus_width_bits=6_144, max_memory_clock_mhz=3_201,
+        sm_clock_mhz=1_980, l2_mb=50, bandwidth_gbs=4_800, bf16_tflops=989, pcie_gen=5,
+        power_w=700, ecc_mode=1, has_serial=True, bandwidth_efficiency=0.875,
+        matmul_efficiency=0.78),
+    "m4-max": Card(
+        # No CUDA and no NVML on a Mac: the probes answer "no GPU" (see simulated_probe_results).
+        name="Apple M4 Max", architecture=None, compute_capability=None, sm_count=None,
+        memory_mib=128 * 1024, bus_width_bits=None, max_memory_clock_mhz=None,
+        sm_clock_mhz=None, l2_mb=None, bandwidth_gbs=546, bf16_tflops=None, pcie_gen=None,
+        power_w=None, ecc_mode=None, has_serial=False, bandwidth_efficiency=None,
+        matmul_efficiency=None),
+}
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Planted faults: how a liar's machine differs from the honest card it is (or pretends to
+    be). The defaults plant nothing. `plant` applies them to a profile: NVML spoofs and link
+    changes become the profile's NVML fields (what heartbeats report), the engine factors scale
+    its serving curve, and simulated_probe_results reads the rest while measuring."""
+
+    # An LD_PRELOAD shim that rewrites NVML's identity answers (FACTS.md: NVML can be faked).
+    nvml_name: str | None = None
+    nvml_compute_capability: str | None = None
+    nvml_architecture: str | None = None
+    nvml_memory_mib: int | None = None
+    uuid_of: str | None = None  # reports the GPU UUIDs of this other machine id
+    memory_clock_mhz: int | None = None  # memory clocked down: bandwidth starved
+    power_limit_w: int | None = None  # power limit set below the card's default
+    compute_factor: float = 1.0  # share of the honest matmul figure it still reaches
+    pcie_link: tuple[int, int] | None = None  # (gen, width) of the slot it really sits in
+    probe_factor: float = 1.0  # hardware probes read this much better than native (WSL2)
+    engine_factor: float = 1.0  # share of the honest decode throughput the engine serves
+    prefill_factor: float = 1.0  # share of the honest prefill rate
+
+    @property
+    def planted(self) -> bool:
+        return self != NO_FAULTS
+
+
+NO_FAULTS = Faults()
+
 
 
 @dataclass(frozen=True)
@@ -59,6 +178,11 @@ class Profile:
     cuda_version: str | None
     os: str
     sources: str
+    card: str  # key of CARDS: the hardware really in the machine
+    # What the provider's listing claims, per GPU (a liar claims what it pretends to be).
+    claimed_gpu_model: str  # a verification/spec_data.py name
+    claimed_vram_gb: int
+    faults: Faults = NO_FAULTS
 
     def aggregate_tps(self, n: int | float) -> float:
         """Total output tok/s with `n` requests decoding at once.
@@ -118,7 +242,16 @@ _5090_TP = ((1, 152.0), (32, 1_318.0))
 _H200_TP = ((1, 170.0), (128, 3_342.0))
 # The fleet report: the same 4090 box under Windows/WSL2 serves 48% slower.
 _WSL2_FACTOR = 0.52
-_4090_WSL2_TP = tuple((n, round(t * _WSL2_FACTOR, 2)) for n, t in _4090_TP)
+
+# One RTX 4090 with a 4-bit (AWQ) 27B: derived from the 2x RTX 4090 pair (FACTS.md: 94 alone,
+# 435 at 32), no published figure of its own. One stream is bandwidth-bound: the pair reads
+# ~13.5 GB of FP8 weights per card per token, the single card ~14.3 GB of 4-bit weights and
+# scales, both at 1,008 GB/s, so the ceiling is the same; the pair loses time to PCIe
+# all-reduces, the single card to dequantising: we take 90. At 32 streams decode is
+# compute-bound and one card has half the pair's tensor cores: 435 / 2 = ~218.
+_1X4090_TP = ((1, 90.0), (32, 218.0))
+# 27B at ~4.25 bits per weight (4-bit groups plus their scales).
+_INT4_GIB = 27e9 * 4.25 / 8 / 2**30
 
 # Apple M4 Max: no published tok/s in FACTS.md. Decode of one stream reads every weight once
 # per token: 546 GB/s / ~16 GB of Q4_K_M weights (27B x ~4.8 bits) = ~34 tok/s ceiling;
@@ -126,7 +259,7 @@ _4090_WSL2_TP = tuple((n, round(t * _WSL2_FACTOR, 2)) for n, t in _4090_TP)
 # each weight read, but Metal's batched matmuls are weak; we assume about 2x at 4 slots.
 _M4_TP = ((1, 22.0), (4, 44.0))
 
-PROFILES: dict[str, Profile] = {
+_HONEST_PROFILES: dict[str, Profile] = {
     p.key: p
     for p in (
         Profile(
@@ -156,6 +289,9 @@ PROFILES: dict[str, Profile] = {
             driver_version="570.133.07",
             cuda_version="12.8",
             os=_LINUX,
+            card="rtx-pro-6000",
+            claimed_gpu_model="RTX PRO 6000 Blackwell",
+            claimed_vram_gb=96,
             sources=(
                 "tok/s: fleet operator's published measurements (FACTS.md), 106 alone and "
                 "1,342 at 32 concurrent. GPU facts: FACTS.md spec table (600 W, PCIe 5, CC 12.0); "
@@ -189,6 +325,9 @@ PROFILES: dict[str, Profile] = {
             driver_version="550.127.05",
             cuda_version="12.4",
             os=_LINUX,
+            card="rtx-4090",
+            claimed_gpu_model="RTX 4090",
+            claimed_vram_gb=24,
             sources=(
                 "tok/s: fleet operator's published measurements (FACTS.md), 94 alone and 435 "
                 "at 32 concurrent, tensor parallel over PCIe. GPU facts: FACTS.md spec table "
@@ -221,6 +360,9 @@ PROFILES: dict[str, Profile] = {
             driver_version="570.133.07",
             cuda_version="12.8",
             os=_LINUX,
+            card="rtx-5090",
+            claimed_gpu_model="RTX 5090",
+            claimed_vram_gb=32,
             sources=(
                 "tok/s: fleet operator's published measurements (FACTS.md), 149-156 alone "
                 "(we use 152) and 1,318 at 32 concurrent. GPU facts: FACTS.md spec table "
@@ -252,6 +394,9 @@ PROFILES: dict[str, Profile] = {
             driver_version="560.35.03",
             cuda_version="12.6",
             os=_LINUX,
+            card="h200",
+            claimed_gpu_model="H200",
+            claimed_vram_gb=141,
             sources=(
                 "tok/s: fleet operator's published measurements (FACTS.md), 163-176 alone "
                 "(we use 170) and 3,342 at 128 concurrent. GPU facts: FACTS.md spec table "
@@ -260,21 +405,23 @@ PROFILES: dict[str, Profile] = {
             ),
         ),
         Profile(
-            key="2x-rtx-4090-wsl2",
-            title="2x RTX 4090 24 GB under Windows/WSL2 (vLLM)",
+            key="rtx-4090",
+            title="1x RTX 4090 24 GB, 27B at 4 bits (vLLM)",
             engine="vllm",
+            # A 4-bit (AWQ) build of the same 27B, served under the canonical name
+            # (--served-model-name), so routing sees one model across the fleet.
             model=MODEL_27B,
-            context_length=65_536,
+            # ~230k tokens of KV are left beside ~14 GiB of weights; 32,768 per request keeps
+            # one long prompt from evicting everyone else (24 GB cards need per-node settings).
+            context_length=32_768,
             max_concurrency=32,
-            throughput=_4090_WSL2_TP,
-            prefill_tps=round(_prefill_for(_4090_TP) * _WSL2_FACTOR, 1),
+            throughput=_1X4090_TP,
+            prefill_tps=_prefill_for(_1X4090_TP),
             prefix_cache=True,
-            kv_cache_tokens=_kv_tokens(2 * 24_564 / 1024, _FP8_GIB),
-            # Same cards as 2x-rtx-4090 and a newer driver: every hardware probe looks as good
-            # or better; only serving speed and the WSL kernel string give it away.
+            kv_cache_tokens=_kv_tokens(24_564 / 1024, _INT4_GIB),
             gpu_name="NVIDIA GeForce RTX 4090",
-            gpu_count=2,
-            memory_total_mib=24_564,
+            gpu_count=1,
+            memory_total_mib=24_564,  # NVML reading (FACTS.md)
             compute_capability="8.9",
             pcie_gen_current=4,
             pcie_gen_max=4,
@@ -282,15 +429,19 @@ PROFILES: dict[str, Profile] = {
             pcie_width_max=16,
             power_limit_w=450,
             nvidia=True,
-            driver_version="565.77",
-            cuda_version="12.7",
-            os="Linux 5.15.167.4-microsoft-standard-WSL2",
+            driver_version="550.127.05",
+            cuda_version="12.4",
+            os=_LINUX,
+            card="rtx-4090",
+            claimed_gpu_model="RTX 4090",
+            claimed_vram_gb=24,
             sources=(
-                "The 2x-rtx-4090 curve (94 alone, 435 at 32; FACTS.md) times 0.52: the fleet "
-                "operator published that the same 4090 machine under Windows/WSL2 serves 48% "
-                "slower although it benchmarks better on every hardware probe. Hardware facts "
-                "as 2x-rtx-4090 with a newer driver. Prefill scaled by the same 0.52. "
-                + _PREFILL_NOTE
+                "ESTIMATE derived from the 2x-rtx-4090 figures (FACTS.md: 94 alone, 435 at 32): "
+                "one stream reads the same bytes per card per token (FP8 split over two cards vs "
+                "4-bit on one, both at 1,008 GB/s), so ~the same ceiling, less a little for "
+                "dequantising: 90 alone; batched decode is compute-bound and one card has half "
+                "the pair's compute: 435 / 2 = ~218 at 32. GPU facts: FACTS.md spec table (450 "
+                "W, PCIe 4, CC 8.9); memory 24,564 MiB as NVML reports it. " + _PREFILL_NOTE
             ),
         ),
         Profile(
@@ -324,6 +475,9 @@ PROFILES: dict[str, Profile] = {
             driver_version=None,
             cuda_version=None,
             os="Darwin 24.3.0",
+            card="m4-max",
+            claimed_gpu_model="Apple M4 Max",
+            claimed_vram_gb=128,
             sources=(
                 "ESTIMATE, no published tok/s in FACTS.md. Derived from bandwidth: M4 Max "
                 "(16-core CPU / 40-core GPU) 546 GB/s (FACTS.md spec table) over ~16 GB of Q4 "
@@ -334,6 +488,176 @@ PROFILES: dict[str, Profile] = {
         ),
     )
 }
+
+
+def plant(base: Profile, *, key: str, faults: Faults, sources: str, title: str | None = None,
+          card: str | None = None, throughput: tuple[tuple[int, float], ...] | None = None,
+          claimed_gpu_model: str | None = None, claimed_vram_gb: int | None = None,
+          **changes) -> Profile:
+    """`base` with `faults` planted: NVML reports the spoofed identity, memory, power limit and
+    link; the engine serves `engine_factor` of the base curve (or `throughput`, given whole)
+    and prefills at `prefill_factor`; probes measure the real `card` with the faults applied.
+    The listing claims what the base claims unless told otherwise."""
+    real = CARDS[card or base.card]
+    gen, width = faults.pcie_link or (base.pcie_gen_max, base.pcie_width_max)
+    if throughput is None:
+        throughput = tuple((n, round(t * faults.engine_factor, 2)) for n, t in base.throughput)
+    return replace(
+        base,
+        key=key,
+        title=title or base.title,
+        card=card or base.card,
+        faults=faults,
+        sources=sources,
+        throughput=throughput,
+        prefill_tps=round(base.prefill_tps * faults.prefill_factor, 1),
+        gpu_name=faults.nvml_name or real.name,
+        memory_total_mib=faults.nvml_memory_mib or real.memory_mib,
+        compute_capability=faults.nvml_compute_capability or real.compute_capability,
+        power_limit_w=faults.power_limit_w or real.power_w,
+        pcie_gen_current=gen,
+        pcie_gen_max=gen,
+        pcie_width_current=width,
+        pcie_width_max=width,
+        claimed_gpu_model=claimed_gpu_model or base.claimed_gpu_model,
+        claimed_vram_gb=claimed_vram_gb or base.claimed_vram_gb,
+        **changes,
+    )
+
+
+_H = _HONEST_PROFILES
+# liar-3090-as-4090's engine: a 3090 in place of the 4090. One stream is bandwidth-bound (936 /
+# 1,008 = 0.93 of the 4090); at 32 streams compute matters, and a 3090 has 71 / 165 = 0.43 of
+# its tensor rate: we take 0.65, between the two (ESTIMATE).
+_3090_TP = ((1, round(_1X4090_TP[0][1] * 936 / 1008, 1)), (32, round(_1X4090_TP[1][1] * 0.65, 1)))
+# liar-bandwidth-starved: memory locked at 6,801 of 10,501 MHz; decode reads weights at that
+# clock's share of the bandwidth, so it serves in proportion; prefill is compute-bound.
+_STARVED_CLOCK_MHZ = 6_801
+# liar-power-capped: 250 W of 450 reaches ~60% of the BF16 spec (0.73 of an honest 4090's ~82%);
+# decode is mostly bandwidth-bound and loses less (ESTIMATE: 0.8).
+_CAPPED_COMPUTE = 0.73
+
+_PLANTED_PROFILES: dict[str, Profile] = {
+    p.key: p
+    for p in (
+        plant(
+            _H["rtx-4090"], key="liar-3090-as-4090", card="rtx-3090",
+            title="1x \"RTX 4090\" 24 GB that is a 3090 (vLLM)",
+            faults=Faults(nvml_name="NVIDIA GeForce RTX 4090", nvml_compute_capability="8.9",
+                          nvml_architecture="ada", prefill_factor=round(71 / 165, 3)),
+            throughput=_3090_TP,
+            sources=(
+                "PLANTED: an RTX 3090 whose NVML shim reports an RTX 4090 (name, compute "
+                "capability, architecture); CUDA still says 8.6 with 82 SMs, it measures like a "
+                "3090 (~860 GB/s, ~62 TFLOPS) and serves like one: rtx-4090's curve x 0.93 "
+                "alone (bandwidth 936/1,008), x 0.65 at 32 (ESTIMATE between bandwidth and "
+                "compute 71/165); prefill x 71/165. " + _CARD_NOTE
+            ),
+        ),
+        plant(
+            _H["rtx-4090"], key="liar-48gb", claimed_vram_gb=48,
+            title="1x RTX 4090 claiming 48 GB (vLLM)",
+            faults=Faults(nvml_memory_mib=48 * 1024),
+            sources=(
+                "PLANTED: an honest 24 GB RTX 4090 whose NVML memory is spoofed to 49,152 MiB "
+                "and whose listing claims 48 GB; the VRAM check allocates only what 24 GB "
+                "holds (~22 GB tested). Serves like rtx-4090. " + _CARD_NOTE
+            ),
+        ),
+        plant(
+            _H["rtx-4090"], key="liar-bandwidth-starved",
+            title="1x RTX 4090 with its memory clock cut (vLLM)",
+            faults=Faults(memory_clock_mhz=_STARVED_CLOCK_MHZ,
+                          engine_factor=round(_STARVED_CLOCK_MHZ / 10_501, 3)),
+            sources=(
+                "PLANTED: an RTX 4090 with its memory clock locked at 6,801 of 10,501 MHz: "
+                "theoretical 653 GB/s, measured ~58% of the 1,008 GB/s spec, and the engine "
+                "serves x 0.648 (decode is bandwidth-bound; prefill is not). " + _CARD_NOTE
+            ),
+        ),
+        plant(
+            _H["rtx-4090"], key="liar-power-capped",
+            title="1x RTX 4090 capped at 250 W (vLLM)",
+            faults=Faults(power_limit_w=250, compute_factor=_CAPPED_COMPUTE, engine_factor=0.8,
+                          prefill_factor=_CAPPED_COMPUTE),
+            sources=(
+                "PLANTED: an RTX 4090 with its power limit at 250 W (default 450): BF16 matmul "
+                "~60% of spec, SM clock down, sw_power_cap throttling; bandwidth unharmed; the "
+                "engine serves x 0.8 (ESTIMATE: decode is mostly bandwidth-bound) and prefills "
+                "x 0.73. " + _CARD_NOTE
+            ),
+        ),
+        plant(
+            _H["rtx-4090"], key="liar-gen3-x1",
+            title="1x RTX 4090 on a PCIe Gen3 x1 riser (vLLM)",
+            faults=Faults(pcie_link=(3, 1)),
+            sources=(
+                "PLANTED: an RTX 4090 on a mining-style Gen3 x1 riser: NVML max and current link "
+                "Gen3 x1, host<->device ~0.8 GB/s (80% of 0.985 GB/s). Once the weights are "
+                "loaded decode barely crosses the link, so it serves like rtx-4090. " + _CARD_NOTE
+            ),
+        ),
+        plant(
+            _H["2x-rtx-4090"], key="2x-rtx-4090-wsl2",
+            title="2x RTX 4090 24 GB under Windows/WSL2 (vLLM)",
+            # Same cards as 2x-rtx-4090 and a newer driver: every hardware probe looks as good
+            # or better; only serving speed and the WSL kernel string give it away.
+            faults=Faults(engine_factor=_WSL2_FACTOR, prefill_factor=_WSL2_FACTOR,
+                          probe_factor=1.05),
+            driver_version="565.77",
+            cuda_version="12.7",
+            os="Linux 5.15.167.4-microsoft-standard-WSL2",
+            sources=(
+                "PLANTED (WSL2): the 2x-rtx-4090 curve (94 alone, 435 at 32; FACTS.md) times "
+                "0.52: the fleet operator published that the same 4090 machine under "
+                "Windows/WSL2 serves 48% slower although it benchmarks better on every hardware "
+                "probe (we read its probes 5% above native, beyond the +-2% jitter). Hardware "
+                "facts as 2x-rtx-4090 with a newer driver. Prefill scaled by the same 0.52. "
+                + _PREFILL_NOTE
+            ),
+        ),
+        plant(
+            _H["h200"], key="liar-duplicate-uuid",
+            title="1x H200 reporting another machine's GPU UUID (vLLM)",
+            faults=Faults(uuid_of="h200-1"),
+            sources=(
+                "PLANTED: an honest H200 that reports the GPU UUID of machine h200-1 (FACTS.md: "
+                "a UUID seen on two machines at once is a spoof). Everything else as h200."
+            ),
+        ),
+        plant(
+            _H["rtx-pro-6000"], key="liar-slow-engine",
+            title="1x RTX PRO 6000 with a misconfigured engine (vLLM)",
+            faults=Faults(engine_factor=0.3, prefill_factor=0.3),
+            sources=(
+                "PLANTED: an honest RTX PRO 6000 (hardware probes honest) whose engine serves "
+                "30% of rtx-pro-6000's throughput and prefill, like a 24 GB card's engine flags "
+                "applied to it (FACTS.md: a 5090 ran at 8% of its bandwidth that way)."
+            ),
+        ),
+    )
+}
+
+PROFILES: dict[str, Profile] = _HONEST_PROFILES | _PLANTED_PROFILES
+
+# The verification benchmark's fleet: one machine per key, so `python -m fleetsim up --planted`
+# names them <key>-1 and liar-duplicate-uuid copies the UUID of the real h200-1.
+HONEST: set[str] = {"h200", "rtx-pro-6000", "2x-rtx-5090", "2x-rtx-4090", "rtx-4090",
+                    "m4-max-llamacpp"}
+LIARS: dict[str, str] = {
+    "liar-3090-as-4090": "an RTX 3090 whose NVML says RTX 4090 (CUDA: CC 8.6, 82 SMs)",
+    "liar-48gb": "a 24 GB RTX 4090 whose NVML and listing say 48 GB",
+    "liar-bandwidth-starved": "an RTX 4090 with its memory clock cut: ~58% of spec bandwidth",
+    "liar-power-capped": "an RTX 4090 capped at 250 W of 450: ~60% of spec compute",
+    "liar-gen3-x1": "an RTX 4090 on a PCIe Gen3 x1 link: ~0.8 GB/s host<->device",
+    "2x-rtx-4090-wsl2": "2x RTX 4090 under WSL2: probes as good as native, serves 52%",
+    "liar-duplicate-uuid": "an H200 reporting the GPU UUID of machine h200-1",
+    "liar-slow-engine": "an honest RTX PRO 6000 whose engine serves 30% of its throughput",
+}
+PLANTED_FLEET: list[str] = [
+    "h200", "rtx-pro-6000", "2x-rtx-5090", "2x-rtx-4090", "rtx-4090", "m4-max-llamacpp",
+    *LIARS,
+]
 
 
 def get_profile(key: str) -> Profile:
@@ -349,6 +673,11 @@ def gpu_uuid(machine_id: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{machine_id}/{index}')}"
 
 
+def reported_uuid(profile: Profile, machine_id: str, index: int) -> str:
+    """The UUID a machine reports for its GPU: its own, or the copied machine's."""
+    return gpu_uuid(profile.faults.uuid_of or machine_id, index)
+
+
 def simulated_facts(profile_key: str, machine_id: str) -> dict:
     """The hardware part of a heartbeat (docs/agent-protocol.md), as NVML would report it."""
     p = get_profile(profile_key)
@@ -361,7 +690,7 @@ def simulated_facts(profile_key: str, machine_id: str) -> dict:
             {
                 "index": i,
                 "name": p.gpu_name,
-                "uuid": gpu_uuid(machine_id, i),
+                "uuid": reported_uuid(p, machine_id, i),
                 "memory_total_mib": p.memory_total_mib,
                 "compute_capability": p.compute_capability,
                 "pcie_gen_current": p.pcie_gen_current,
@@ -372,4 +701,121 @@ def simulated_facts(profile_key: str, machine_id: str) -> dict:
             }
             for i in range(p.gpu_count)
         ],
+    }
+
+
+# --- verification probes ----------------------------------------------------------------------
+
+# The job's params when the platform sends none (docs/agent-protocol.md, section 3).
+DEFAULT_PROBE_PARAMS = {"warmup_s": 1.0, "iterations": 20, "matmul_n": 8192,
+                        "copy_bytes": 268_435_456}
+# Run-to-run spread of a measurement: each figure is within +-2% of the card's, seeded by the
+# machine id so a machine measures the same every time.
+PROBE_JITTER = 0.02
+# PCIe payload GB/s per lane after line encoding (8b/10b up to Gen2, 128b/130b after).
+PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
+# A pinned copy reaches ~80% of the link: Gen4 x16 ~25 GB/s, Gen5 x16 ~50, Gen3 x1 ~0.8.
+HOST_DEVICE_EFFICIENCY = 0.80
+VRAM_TESTED_SHARE = 0.90  # the memory test writes and reads back 90% of what is free
+# A triad moves three arrays of max(4 x L2, 1 GiB) (STREAM's rule; FACTS.md).
+_GIB = 2**30
+
+
+def simulated_probe_results(profile_key: str, machine_id: str, params: dict | None = None) -> dict:
+    """The `probes` job result (docs/agent-protocol.md, section 3) that `machine_id` would post,
+    measured the correct way on the profile's real card with its planted faults: NVML facts as
+    reported (spoofs included), CUDA's own view, and measurements from the hardware. Honest
+    cards read ~90% of spec bandwidth, ~80% of dense BF16 and ~80% of the PCIe link (_CARD_NOTE).
+    Deterministic per machine id.
+
+    A machine without CUDA (the Mac) answers as the real agent does there: device "none", no
+    GPUs, and a message saying why; the platform then verifies it by its load test alone."""
+    p = get_profile(profile_key)
+    params = DEFAULT_PROBE_PARAMS | (params or {})
+    kernel = p.os.split(" ", 1)[-1]  # "Linux 6.8.0-45-generic" -> "6.8.0-45-generic"
+    result = {"device": "cuda", "kernel_release": kernel, "wsl": "microsoft" in kernel.lower(),
+              "gpus": [], "errors": []}
+    if not p.nvidia:
+        return result | {"device": "none", "message": "no GPU: torch sees no CUDA device "
+                                                      "(torch.cuda.is_available() is false)"}
+    result["gpus"] = [_probe_gpu(p, machine_id, i, params) for i in range(p.gpu_count)]
+    return result
+
+
+def _probe_gpu(p: Profile, machine_id: str, index: int, params: dict) -> dict:
+    card, f = CARDS[p.card], p.faults
+    rng = random.Random(f"fleetsim-probes/{machine_id}/{index}")
+
+    def jitter() -> float:
+        return 1 + rng.uniform(-PROBE_JITTER, PROBE_JITTER)
+
+    def median_of(best: float) -> float:
+        # Narrow on purpose: WSL2's medians must stay above native's (its probe_factor 1.05
+        # beats the jitter only if best/median spread less than ~0.9%).
+        return best * rng.uniform(0.985, 0.993)
+
+    mem_clock = f.memory_clock_mhz or card.max_memory_clock_mhz
+    theoretical = round(mem_clock * card.bus_width_bits * 2 / 8 / 1000, 1)
+    clock_share = mem_clock / card.max_memory_clock_mhz
+    bandwidth = (card.bandwidth_gbs * card.bandwidth_efficiency * clock_share * f.probe_factor
+                 * jitter())
+    tflops = card.bf16_tflops * card.matmul_efficiency * f.compute_factor * f.probe_factor * jitter()
+    link_gbs = PCIE_LANE_GBS[p.pcie_gen_current] * p.pcie_width_current
+    h2d = link_gbs * HOST_DEVICE_EFFICIENCY * f.probe_factor * jitter()
+    free_bytes = (card.memory_mib - card.reserved_mib) * 2**20  # what the card really has
+    tested_bytes = int(free_bytes * VRAM_TESTED_SHARE) // 2**20 * 2**20
+    sm_clock = round(card.sm_clock_mhz * f.compute_factor)
+    array_bytes = max(4 * (card.l2_mb or 0) * 2**20, _GIB)
+    return {
+        "index": index,
+        "uuid": reported_uuid(p, machine_id, index),
+        "facts": {
+            "name": p.gpu_name,
+            "serial": str(rng.randrange(10**12, 10**13)) if card.has_serial else None,
+            "architecture": f.nvml_architecture or card.architecture,
+            "compute_capability": p.compute_capability,
+            "compute_capability_cuda": card.compute_capability,
+            "sm_count": card.sm_count,
+            "memory_total_mib": p.memory_total_mib,
+            "memory_bus_width_bits": card.bus_width_bits,
+            "max_memory_clock_mhz": mem_clock,
+            "theoretical_bandwidth_gbs": theoretical,
+            "pcie_gen_current": p.pcie_gen_current,
+            "pcie_gen_max": p.pcie_gen_max,
+            "pcie_width_current": p.pcie_width_current,
+            "pcie_width_max": p.pcie_width_max,
+            "power_limit_w": p.power_limit_w,
+            "power_default_limit_w": card.power_w,
+            "virtualization_mode": 0,
+            "ecc_mode": card.ecc_mode,
+            "ecc_errors": 0 if card.ecc_mode is not None else None,
+            "driver_version": p.driver_version,
+            "cuda_version": p.cuda_version,
+        },
+        "bandwidth": {
+            "kernel": "triad",
+            "array_bytes": array_bytes,
+            "bytes_per_iteration": 3 * array_bytes,
+            "warmup_s": round(params["warmup_s"] + rng.uniform(0.01, 0.05), 2),
+            "iterations": params["iterations"],
+            "best_gbs": round(bandwidth, 1),
+            "median_gbs": round(median_of(bandwidth), 1),
+            "sm_clock_mhz": [sm_clock],
+            "memory_clock_mhz": [mem_clock],
+            "throttle_reasons": ["sw_power_cap"] if f.power_limit_w else [],
+        },
+        "matmul": {
+            "dtype": "bfloat16",
+            "n": params["matmul_n"],
+            "iterations": params["iterations"],
+            "best_tflops": round(tflops, 1),
+            "median_tflops": round(median_of(tflops), 1),
+        },
+        "host_device": {
+            "pinned": True,
+            "bytes": params["copy_bytes"],
+            "h2d_gbs": round(h2d, 2),
+            "d2h_gbs": round(median_of(h2d), 2),
+        },
+        "vram": {"free_bytes": free_bytes, "tested_bytes": tested_bytes, "pattern_ok": True},
     }

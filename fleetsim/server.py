@@ -245,15 +245,19 @@ class EngineServer:
             watcher.cancel()
 
     async def _stream(self, send, batches, reply: _Reply, include_usage: bool):
+        if self.is_vllm:
+            # vLLM returns its StreamingResponse once the request is validated, so status and
+            # headers leave before the request is scheduled or prefilled; the body (the role
+            # chunk first) starts with the first token. A client can tell that a request at
+            # the full context length was accepted without waiting out its prefill.
+            await _start_event_stream(send)
         sent = 0
         async for batch in batches:
             if sent == 0:
-                # Headers go out with the first token, as on vLLM and llama-server: a request
-                # waiting in the queue or in prefill has sent nothing yet.
-                await send({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-cache"),
-                ]})
+                if not self.is_vllm:
+                    # llama-server's stream is modelled as starting with its first result: a
+                    # request waiting for a slot or in prefill has sent nothing yet.
+                    await _start_event_stream(send)
                 events = [reply.first_chunk()]
             else:
                 events = []
@@ -387,6 +391,13 @@ def _valid_message(m) -> bool:
         return True
     return isinstance(content, list) and all(
         isinstance(part, dict) and isinstance(part.get("type"), str) for part in content)
+
+
+async def _start_event_stream(send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+    ]})
 
 
 def _sse(events: list[dict | None]) -> bytes:

@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetsim.__main__ import build_parser
 from fleetsim.fleet import FleetError, plan_machines
+from fleetsim.profiles import PLANTED_FLEET
 from fleetsim.server import ServerThread
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +41,27 @@ def test_plan_wants_one_token_per_machine_unless_all_are_enrolled(tmp_path):
 def test_plan_rejects_an_unknown_profile(tmp_path):
     with pytest.raises(FleetError, match="known profiles"):
         plan_machines(["a100"], ["t"], tmp_path, 9000)
+
+
+def test_up_planted_is_the_whole_planted_fleet_with_one_token_per_machine(tmp_path, capsys):
+    args = build_parser().parse_args(["up", "--platform", "http://p", "--planted"])
+    assert args.profiles == PLANTED_FLEET
+    tokens = [f"t{i}" for i in range(len(PLANTED_FLEET))]
+    machines = plan_machines(args.profiles, tokens, tmp_path, 9000)
+    assert [m.machine_id for m in machines] == [f"{key}-1" for key in PLANTED_FLEET]
+    assert [m.token for m in machines] == tokens
+    with pytest.raises(FleetError, match="one enrolment token per machine"):
+        plan_machines(args.profiles, tokens[:-1], tmp_path, 9000)
+    # The new keys work with --profiles too; --planted and --profiles do not mix.
+    args = build_parser().parse_args(["up", "--platform", "http://p", "--profiles",
+                                      "liar-48gb,rtx-4090"])
+    assert args.profiles == ["liar-48gb", "rtx-4090"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--platform", "http://p", "--planted",
+                                   "--profiles", "h200"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--platform", "http://p"])
+    capsys.readouterr()
 
 
 class FakePlatform:

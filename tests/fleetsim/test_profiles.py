@@ -6,7 +6,9 @@ import pytest
 from fleetsim.profiles import PROFILES, get_profile, gpu_uuid, simulated_facts
 
 EXPECTED_KEYS = {"rtx-pro-6000", "2x-rtx-4090", "2x-rtx-5090", "h200", "2x-rtx-4090-wsl2",
-                 "m4-max-llamacpp"}
+                 "m4-max-llamacpp", "rtx-4090", "liar-3090-as-4090", "liar-48gb",
+                 "liar-bandwidth-starved", "liar-power-capped", "liar-gen3-x1",
+                 "liar-duplicate-uuid", "liar-slow-engine"}
 
 
 def test_the_shipped_profiles():
@@ -34,6 +36,16 @@ def test_published_fleet_figures(key, alone, n, at_n):
 def test_published_ranges_hold_the_chosen_single_stream_figures():
     assert 149 <= get_profile("2x-rtx-5090").aggregate_tps(1) <= 156
     assert 163 <= get_profile("h200").aggregate_tps(1) <= 176
+
+
+def test_single_4090_is_derived_from_the_pair():
+    single, pair = get_profile("rtx-4090"), get_profile("2x-rtx-4090")
+    assert single.gpu_count == 1 and single.engine == "vllm" and single.prefix_cache
+    assert single.aggregate_tps(1) == 90 <= pair.aggregate_tps(1)
+    assert single.aggregate_tps(32) == pytest.approx(pair.aggregate_tps(32) / 2, abs=1)
+    assert "2x-rtx-4090" in single.sources and "ESTIMATE" in single.sources
+    # 4-bit weights (~14 GiB) leave KV room for several full-length requests on 24 GB.
+    assert single.kv_cache_tokens >= 4 * single.context_length
 
 
 def test_nvml_memory_readings():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fleetsim.profiles import get_profile
+from fleetsim.profiles import PLANTED_FLEET, get_profile
 from fleetsim.tokenizer import chat_prompt_tokens, tokenize
 from tests.fleetsim.sse import read_events, stream_text
 
@@ -278,3 +278,16 @@ def test_llamacpp_metrics(engine, client):
     assert "model_name" not in text  # llama-server's samples carry no labels
     assert metric(text, "llamacpp:prompt_tokens_total") == 3
     assert metric(text, "llamacpp:tokens_predicted_total") == 4
+
+
+@pytest.mark.parametrize("key", PLANTED_FLEET)
+def test_every_planted_machine_serves_its_profile(engine, client, key):
+    p = get_profile(key)
+    url, app = engine(key, time_scale=FAST)
+    assert app.engine.max_concurrency == p.max_concurrency
+    (entry,) = client.get(url + "/v1/models").json()["data"]
+    assert entry["id"] == p.model
+    if p.engine == "vllm":
+        assert entry["max_model_len"] == p.context_length
+    r = client.post(url + "/v1/completions", json={"model": p.model, "prompt": "a b", "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

@@ -169,3 +169,103 @@ def test_die_after_tokens_cuts_the_stream(engine, client):
     # Non-streamed answers are not affected.
     r = client.post(url + "/v1/completions", json=completion(max_tokens=20))
     assert r.json()["usage"]["completion_tokens"] == 20
+
+
+def served_tps(url: str, n: int, tokens: int) -> float:
+    """Output tok/s of n concurrent streams as the platform's load test counts it: each
+    stream's decode rate from its first token to its last, summed (so connection set-up and
+    time to first token, a larger share of a fast engine's time, do not blur the ratio)."""
+    async def go():
+        async with httpx.AsyncClient(timeout=10) as http:
+            await asyncio.gather(*(http.get(url + "/health") for _ in range(n)))
+            results = await asyncio.gather(*(
+                timed_stream(http, url + "/v1/completions", completion(max_tokens=tokens))
+                for _ in range(n)))
+        assert all(r["chunks"] == tokens for r in results)
+        return sum((tokens - 1) / (r["total"] - r["ttft"]) for r in results)
+    return run(go())
+
+
+@pytest.mark.parametrize(("liar", "honest", "share"), [
+    ("2x-rtx-4090-wsl2", "2x-rtx-4090", 0.52),  # FACTS.md: WSL2 serves 48% slower
+    ("liar-slow-engine", "rtx-pro-6000", 0.30),
+])
+def test_planted_slow_engines_serve_their_share_of_the_honest_machine(engine, liar, honest,
+                                                                      share):
+    """Measured over HTTP with concurrent streams, as the platform's load test does, at the
+    card's own speed: a few hundred chunks a second at most, so a busy 2-core machine keeps
+    up with the honest engine (lagging behind it would inflate the ratio)."""
+    n, tokens = 2, 30
+    honest_url, _ = engine(honest, time_scale=1)
+    liar_url, _ = engine(liar, time_scale=1)
+    fast, slow = served_tps(honest_url, n, tokens), served_tps(liar_url, n, tokens)
+    assert fast == pytest.approx(get_profile(honest).aggregate_tps(n), rel=0.25)
+    assert slow / fast == pytest.approx(share, rel=0.2)
+
+
+def time_to_status(http_client, url: str, payload: dict) -> tuple[int, float]:
+    """Status code of a streamed request and how long it took to arrive; the body is left
+    unread, so the client goes away as the load test's context check does."""
+    start = time.perf_counter()
+    with http_client.stream("POST", url + "/v1/chat/completions", json=payload) as r:
+        return r.status_code, time.perf_counter() - start
+
+
+def test_a_long_streamed_request_gets_its_status_before_the_prefill_ends(engine, client):
+    """vLLM sends status and headers when it accepts a streamed request, so a check at the
+    advertised context length learns the answer without waiting out the prefill."""
+    scale = 100
+    url, _ = engine("rtx-4090", time_scale=scale)
+    p = get_profile("rtx-4090")
+    advertised = client.get(url + "/v1/models").json()["data"][0]["max_model_len"]
+    assert advertised == p.context_length
+    # As the platform's load test words it: one token per "the", a template's length short.
+    words = advertised - 64
+    payload = {"model": MODEL, "messages": [{"role": "user", "content": " ".join(["the"] * words)}],
+               "max_tokens": 8, "stream": True}
+    prefill_s = words / p.prefill_tps / scale  # ~87 s on the card, ~0.87 s here
+    assert prefill_s > 0.5
+    status, waited = time_to_status(client, url, payload)
+    assert status == 200 and waited < prefill_s / 2
+    # The client left during the prefill: the engine dropped the request (vLLM aborts it).
+    deadline = time.perf_counter() + 3
+    while metric(client.get(url + "/metrics").text, "vllm:num_requests_running") != 0:
+        assert time.perf_counter() < deadline, "the abandoned request still runs"
+        time.sleep(0.01)
+    # Beyond the context: refused at once, with a 400.
+    payload["max_tokens"] = 200
+    status, _ = time_to_status(client, url, payload)
+    assert status == 400
+
+
+def test_a_streamed_request_still_waiting_for_a_slot_has_its_status(engine):
+    """Headers go out on acceptance even while the request queues behind the others."""
+    url, _ = engine("h200", time_scale=1, max_concurrency=1)
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=10) as http:
+            hog = asyncio.create_task(timed_stream(http, url + "/v1/completions",
+                                                   completion(max_tokens=10_000)))
+            await poll_metrics(http, url, {"vllm:num_requests_running": 1})
+            start = time.perf_counter()
+            async with http.stream("POST", url + "/v1/completions",
+                                   json=completion(max_tokens=5) | {"stream": True}) as r:
+                assert r.status_code == 200
+                assert time.perf_counter() - start < 0.5
+                await poll_metrics(http, url, {"vllm:num_requests_waiting": 1})
+            hog.cancel()
+            await asyncio.gather(hog, return_exceptions=True)
+
+    run(scenario())
+
+
+def test_llamacpp_status_comes_with_the_first_token(engine, client):
+    """llama-server's stream is modelled as starting with its first result."""
+    scale = 20
+    url, _ = engine("m4-max-llamacpp", time_scale=scale)
+    words = 600  # 4 s of prefill on the Mac, 0.2 s here
+    payload = {"messages": [{"role": "user", "content": " ".join(["the"] * words)}],
+               "max_tokens": 2, "stream": True}
+    status, waited = time_to_status(client, url, payload)
+    assert status == 200
+    assert waited >= 0.8 * words / get_profile("m4-max-llamacpp").prefill_tps / scale
