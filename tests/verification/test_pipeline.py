@@ -88,8 +88,6 @@ def test_an_honest_h200_is_verified_with_its_capacity_published(bob, h200_engine
     severities = dict(Finding.objects.filter(run=run).values_list("metric", "severity"))
     assert {"identity", "bandwidth", "compute", "vram", "pcie", "serving", "prefix_cache",
             "context"} <= set(severities)
-    # A real H200 reaches ~77% of the 989 TFLOPS datasheet in BF16 GEMMs: said, not flagged.
-    assert severities.pop("compute") == "warning"
     assert set(severities.values()) == {"ok"}, severities
 
 
