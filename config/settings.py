@@ -169,5 +169,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.server": {"level": "WARNING"}},
+    "loggers": {"django.server": {"level": "WARNING"},
+                # one line per request of the load tests and the proxy: too much at INFO
+                "httpx": {"level": "WARNING"}},
 }
