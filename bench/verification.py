@@ -29,6 +29,7 @@ import django  # noqa: E402
 warnings.filterwarnings("ignore", "No directory at")
 django.setup()
 
+from django.db import connection  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from accounts.models import User  # noqa: E402
@@ -100,6 +101,11 @@ def main() -> None:
         if fleet is not None and fleet.poll() is None:
             os.killpg(fleet.pid, signal.SIGTERM)
             fleet.wait(30)
+        # The platform's request threads kept connections open: end them, then drop.
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        connection.close()
         teardown_databases(old, verbosity=0)
 
 

@@ -2,8 +2,8 @@
 
 This is the figure routing trusts: a card can win every hardware probe and still serve slowly
 (WSL2 served 48% slower than native in a published fleet report). Measured per concurrency:
-output tokens/s summed over the streams (each stream's decode rate, first to last token, so
-prefill and queueing do not blur it), and time to first token p50/p99. Then a long prompt sent
+the engine's output tokens/s while every stream decodes (see `throughput`), and time to first
+token p50/p99. Then a long prompt sent
 twice (does prefix caching work?) and a request at the advertised context length (is it
 accepted? read from the response status, which vLLM sends before the prefill ends).
 """
@@ -64,13 +64,12 @@ def _percentile(values: list[float], pct: float) -> float:
 
 
 async def _stream(client: httpx.AsyncClient, base: str, model: str, prompt: str,
-                  max_tokens: int) -> tuple[float, float, float, int]:
-    """(start, first token, last token, tokens) of one streamed chat completion."""
+                  max_tokens: int) -> tuple[float, list[float]]:
+    """(start, the time of each token) of one streamed chat completion."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "stream": True, "temperature": 0}
     start = time.perf_counter()
-    first = last = None
-    tokens = 0
+    stamps: list[float] = []
     async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
@@ -80,12 +79,10 @@ async def _stream(client: httpx.AsyncClient, base: str, model: str, prompt: str,
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices") or []:
                 if (choice.get("delta") or {}).get("content"):
-                    last = time.perf_counter()
-                    first = first or last
-                    tokens += 1
-    if first is None:
+                    stamps.append(time.perf_counter())
+    if not stamps:
         raise RuntimeError("the stream carried no tokens")
-    return start, first, last, tokens
+    return start, stamps
 
 
 async def _level(client, base, model, concurrency: int) -> Level:
@@ -93,12 +90,27 @@ async def _level(client, base, model, concurrency: int) -> Level:
         _stream(client, base, model, _words(PROMPT_WORDS, f"c{concurrency}r{i}x"),
                 OUTPUT_TOKENS) for i in range(concurrency)], return_exceptions=True)
     done = [r for r in results if not isinstance(r, BaseException)]
-    rates = [(tokens - 1) / (last - first) for _, first, last, tokens in done
-             if tokens > 1 and last > first]
-    ttfts = [(first - start) * 1000 for start, first, _, _ in done]
-    return Level(concurrency, sum(rates), statistics.median(ttfts) if ttfts else 0.0,
+    ttfts = [(stamps[0] - start) * 1000 for start, stamps in done]
+    return Level(concurrency, throughput([stamps for _, stamps in done]),
+                 statistics.median(ttfts) if ttfts else 0.0,
                  _percentile(ttfts, 99) if ttfts else 0.0, len(done),
                  len(results) - len(done))
+
+
+def throughput(streams: list[list[float]]) -> float:
+    """Output tokens/s of the engine with all these streams decoding at once: tokens counted
+    in the window where every stream is between its first and last token, so prefill and the
+    ramp at either end do not blur it. An engine that queues (fewer slots than streams) never
+    has them all at once: then tokens over the whole span, which is what it delivers."""
+    streams = [s for s in streams if len(s) > 1]
+    if not streams:
+        return 0.0
+    lo, hi = max(s[0] for s in streams), min(s[-1] for s in streams)
+    if hi - lo > 0.2 * (max(s[-1] for s in streams) - min(s[0] for s in streams)):
+        inside = sum(1 for s in streams for t in s if lo < t <= hi)
+        return inside / (hi - lo)
+    span = max(s[-1] for s in streams) - min(s[0] for s in streams)
+    return sum(len(s) for s in streams) / span if span > 0 else 0.0
 
 
 async def _context_accepted(client, base, model, context_length: int) -> bool:
@@ -132,10 +144,10 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
             progress("prefix cache", int(100 * len(levels) / steps))
         prefix = _words(PREFIX_WORDS, "prefix")
         try:
-            start, first, _, _ = await _stream(client, base, result.model, prefix, 4)
-            result.prefix_cold_ms = (first - start) * 1000
-            start, first, _, _ = await _stream(client, base, result.model, prefix, 4)
-            result.prefix_warm_ms = (first - start) * 1000
+            start, stamps = await _stream(client, base, result.model, prefix, 4)
+            result.prefix_cold_ms = (stamps[0] - start) * 1000
+            start, stamps = await _stream(client, base, result.model, prefix, 4)
+            result.prefix_warm_ms = (stamps[0] - start) * 1000
         except (httpx.HTTPError, RuntimeError) as exc:
             result.errors.append(f"prefix test: {exc}")
         if result.context_length:

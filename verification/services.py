@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from marketplace import services as marketplace
@@ -248,10 +249,14 @@ def run_evaluate(*, run_id: int) -> bool:
 
 
 def _other_nodes(card: Card) -> tuple[int, ...]:
+    """Nodes that reported this GPU's UUID before this card did. The first to register a UUID
+    keeps it; a later copy is the suspect (as in the heartbeat's review flag)."""
     if not card.uuid:
         return ()
-    return tuple(Card.objects.filter(uuid=card.uuid, present=True).exclude(node=card.node_id)
-                 .values_list("node_id", flat=True).distinct())
+    earlier = (Q(first_seen_at__lt=card.first_seen_at)
+               | Q(first_seen_at=card.first_seen_at, pk__lt=card.pk))
+    return tuple(Card.objects.filter(earlier, uuid=card.uuid, present=True)
+                 .exclude(node=card.node_id).values_list("node_id", flat=True).distinct())
 
 
 def _reference(spec: ev.Spec | None, count: int, model: str) -> dict[int, float]:
