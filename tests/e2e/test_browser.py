@@ -96,6 +96,27 @@ def test_provider_lists_a_machine_and_a_renter_rents_and_stops_it(page, live_ser
     expect(row.locator("td.listed")).to_have_text("yes")
     expect(row.locator("td.price")).to_have_text("$1.25/h")
 
+    # Verification: the machine's first heartbeat started a run; the agent answers its probe
+    # job on its own, then the beat task (run here) load-tests, evaluates and publishes.
+    from verification import tasks as verification_tasks
+    from verification.models import VerificationRun
+
+    page.goto(f"/cards/{card_id}/")
+    expect(page.locator("#verification-progress")).to_be_visible()
+    deadline = time.monotonic() + MACHINE_ONLINE_DEADLINE_S
+    while not verification_tasks.verification_advance.apply().get():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the agent did not answer its probe job:\n{fleet.log()}")
+        time.sleep(0.5)
+    assert VerificationRun.objects.get(node=card.node).status == "done"
+    page.reload()
+    panel = page.locator("#verification")
+    expect(panel.locator(".badge.verified").first).to_be_visible()
+    expect(panel).to_contain_text("against the RTX PRO 6000 Blackwell spec")
+    expect(panel.locator("tr.finding[data-metric='bandwidth']")).to_contain_text("GB/s")
+    expect(panel.locator("svg.chart.hw rect")).to_have_count(3)
+    expect(panel.locator("svg.chart.tps circle.measured")).to_have_count(3)
+
     log_out(page)
 
     # 4. Alice signs up and filters the catalog down to that card.
