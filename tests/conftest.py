@@ -112,3 +112,12 @@ def fund():
         return user
 
     return _fund
+
+
+@pytest.fixture
+def gpu_specs(transactional_db):
+    """The reference spec table, which a transactional test's flush empties: seeded again."""
+    from verification.models import GpuSpec
+    from verification.spec_data import seed_specs
+
+    seed_specs(GpuSpec)

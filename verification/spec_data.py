@@ -87,3 +87,11 @@ SERVING_REFERENCE = [
     dict(gpu="H200", count=1, model="Qwen/Qwen3-27B", tps={1: 170, 128: 3342},
          source=FLEET_REPORT + " (163-176 alone)"),
 ]
+
+
+def seed_specs(model) -> None:
+    """Write SPECS into the GpuSpec table (the data migration, and tests that flush tables)."""
+    for row in SPECS:
+        model.objects.update_or_create(name=row["name"], defaults={
+            k: ("" if v is None and k == "compute_capability" else v)
+            for k, v in row.items() if k != "name"})

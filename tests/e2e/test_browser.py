@@ -25,7 +25,7 @@ MACHINE_ONLINE_DEADLINE_S = 40
 
 
 def test_provider_lists_a_machine_and_a_renter_rents_and_stops_it(page, live_server, fleet,
-                                                                 screenshot_dir):
+                                                                 screenshot_dir, gpu_specs):
     from playwright.sync_api import expect
 
     from marketplace.models import Card, Rental

@@ -4,13 +4,9 @@ from django.db import migrations
 
 
 def seed(apps, schema_editor):
-    from verification.spec_data import SPECS
+    from verification.spec_data import seed_specs
 
-    GpuSpec = apps.get_model("verification", "GpuSpec")
-    for row in SPECS:
-        GpuSpec.objects.update_or_create(name=row["name"], defaults={
-            k: ("" if v is None and k == "compute_capability" else v)
-            for k, v in row.items() if k != "name"})
+    seed_specs(apps.get_model("verification", "GpuSpec"))
 
 
 def unseed(apps, schema_editor):
