@@ -2,9 +2,11 @@
 latency of reserve and of settle, on PostgreSQL. The goal is 1,000 pairs/s.
 
 Each pair is what the inference proxy does per request: `metering.reserve` (Redis rate limit,
-key spend row, ledger transfer wallet -> holds, Hold row) then `metering.settle` (Charge
-check, hold locked, key spend give-back, ledger transfer holds -> wallet/provider/platform,
-Hold and Charge rows). Keys carry a spend limit and per-minute limits set too high to refuse,
+key spend row, ledger transfer wallet -> holds, Hold row) then `metering.settle` with the
+HoldInfo reserve returned (hold locked and closed, key spend give-back, ledger transfer
+holds -> wallet/provider/platform, Charge row). On PostgreSQL each is one call of a database
+function (billing/migrations/0004); `--python-path` runs the statement-by-statement path
+instead, for comparison. Keys carry a spend limit and per-minute limits set too high to refuse,
 so every pair takes the whole path. The price is looked up once per client, as a proxy would
 cache it. Each client serves its requests through its own provider.
 
@@ -15,6 +17,7 @@ pair contends for the same wallet, holds and key spend rows, the worst case).
 
 Run by `make bench-billing` (and `make bench`) against PostgreSQL (DATABASE_URL); it creates
 and drops its own database. `--duration`, `--warmup`, `--processes` change the run.
+Figures and their analysis: docs/benchmarks.md.
 """
 
 import argparse
@@ -89,12 +92,12 @@ def error_name(exc: Exception) -> str:
 def one_pair(request_id: str, key: KeyInfo, worker: Worker, price: metering.Price
              ) -> tuple[float, float, float]:
     a = time.perf_counter()
-    metering.reserve(key=key, model=MODEL, price=price,
-                     max_cost=metering.max_cost_micros(price, prompt_tokens=PROMPT,
-                                                       max_tokens=MAX_TOKENS),
-                     request_id=request_id, tokens=PROMPT + MAX_TOKENS)
+    held = metering.reserve(key=key, model=MODEL, price=price,
+                            max_cost=metering.max_cost_micros(price, prompt_tokens=PROMPT,
+                                                              max_tokens=MAX_TOKENS),
+                            request_id=request_id, tokens=PROMPT + MAX_TOKENS)
     b = time.perf_counter()
-    metering.settle(request_id=request_id, usage=Usage(PROMPT, COMPLETION), worker=worker)
+    metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker)
     return a, b, time.perf_counter()
 
 
@@ -162,25 +165,27 @@ def run_processes(clients: list[tuple[KeyInfo, Worker]], tag: str, measure_from:
 
 # --- CPU: where the two cores went during the measured window ---
 
-def _proc_stat(pid: int) -> tuple[int, float]:
-    """(parent pid, CPU seconds used) of a process; (0, 0.0) once it is gone."""
+def _proc_stat(pid: int) -> tuple[int, float, int]:
+    """(parent pid, CPU seconds used, start time in clock ticks since boot) of a process;
+    (0, 0.0, 0) once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return (int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"),
+                int(fields[19]))
     except (OSError, IndexError, ValueError):
-        return 0, 0.0
+        return 0, 0.0, 0
 
 
 def _proc_cpu_s(pid: int) -> float:
     return _proc_stat(pid)[1]
 
 
-def _cpu_snapshot(db_name: str) -> dict:
-    """CPU seconds of this benchmark's PostgreSQL backends, of every other PostgreSQL
-    process (WAL writer, other databases), of this benchmark's Python, and of the whole
-    machine."""
-    ours = others = python = 0.0
+def _cpu_by_process(db_name: str) -> dict[int, tuple[str, float, int]]:
+    """pid: (what it is, CPU seconds used, start tick) for this benchmark's PostgreSQL
+    backends and autovacuum workers ("pg_ours"), every other PostgreSQL process (WAL writer,
+    other databases: "pg_other"), and this benchmark's Python and its forked clients."""
+    found = {}
     me = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -190,24 +195,26 @@ def _cpu_snapshot(db_name: str) -> dict:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        parent, used = _proc_stat(int(entry))
+        parent, used, started = _proc_stat(int(entry))
         if cmd.startswith("postgres"):
-            if f" {db_name} " in cmd:
-                ours += used
-            else:
-                others += used
-        elif me in (int(entry), parent):  # this process and its forked clients
-            python += used
+            found[int(entry)] = ("pg_ours" if f" {db_name} " in cmd else "pg_other", used,
+                                 started)
+        elif me in (int(entry), parent):
+            found[int(entry)] = ("python", used, started)
+    return found
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (not idle, not waiting on I/O) since boot."""
     with open("/proc/stat") as f:
         cpu = [int(x) for x in f.readline().split()[1:]]
-    tick = os.sysconf("SC_CLK_TCK")
-    return {"pg_ours": ours, "pg_other": others, "python": python,
-            "idle": (cpu[3] + cpu[4]) / tick,
-            "all": sum(cpu[:8]) / tick}
+    return (sum(cpu[:8]) - cpu[3] - cpu[4]) / os.sysconf("SC_CLK_TCK")
 
 
 class CpuWindow:
-    """Samples CPU at the start and end of the measured window (from a side thread)."""
+    """Where the cores went in the measured window, sampled every 0.5 s from a side thread,
+    so that a process that exits meanwhile (a client's backend, an autovacuum worker) keeps
+    the CPU it had used by its last sample."""
 
     def __init__(self, db_name: str, measure_from: float, until: float):
         self.db_name, self.measure_from, self.until = db_name, measure_from, until
@@ -217,16 +224,26 @@ class CpuWindow:
 
     def _run(self):
         time.sleep(max(0, self.measure_from - time.time()))
-        first = _cpu_snapshot(self.db_name)
-        time.sleep(max(0, self.until - time.time()))
-        last = _cpu_snapshot(self.db_name)
+        with open("/proc/uptime") as f:
+            start_tick = float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK")
+        busy_first = _machine_busy_s()
+        first = {pid: used for pid, (_, used, _) in _cpu_by_process(self.db_name).items()}
+        last: dict[int, tuple[str, float]] = {}
+        while True:
+            for pid, (kind, used, started) in _cpu_by_process(self.db_name).items():
+                if pid not in first and started < start_tick:
+                    first[pid] = used  # an old process seen late: count from now
+                last[pid] = (kind, used)
+            if time.time() >= self.until:
+                break
+            time.sleep(min(0.5, max(0, self.until - time.time())))
+        busy_last = _machine_busy_s()
         span = self.until - self.measure_from
-        busy = (last["all"] - first["all"]) - (last["idle"] - first["idle"])
-        self.usage = {name: (last[name] - first[name]) / span
-                      for name in ("pg_ours", "pg_other", "python")}
-        self.usage["machine"] = busy / span
-        # Children that exit before the last sample take their CPU time with them.
-        self.usage["other"] = max(0.0, busy / span - sum(self.usage[n] for n in (
+        self.usage = dict.fromkeys(("pg_ours", "pg_other", "python"), 0.0)
+        for pid, (kind, used) in last.items():
+            self.usage[kind] += (used - first.get(pid, 0.0)) / span
+        self.usage["machine"] = (busy_last - busy_first) / span
+        self.usage["other"] = max(0.0, self.usage["machine"] - sum(self.usage[n] for n in (
             "pg_ours", "pg_other", "python")))
 
     def result(self) -> dict:
@@ -261,11 +278,25 @@ def pct(values: list[float], p: float) -> float:
 
 # --- where a pair's time goes ---
 
+def _redis_server_pid() -> int | None:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read().startswith(b"redis-server"):
+                        return int(entry)
+            except OSError:
+                continue
+    return None
+
+
 def phases(key: KeyInfo, worker: Worker, seconds: float) -> dict:
     """One client alone for `seconds`: pairs done, and where each pair's time went: inside
-    the driver's execute (a round trip and PostgreSQL's work), in commits, in the Redis rate
-    limit, and the rest (Python: Django, metering, the ledger's own code). Also which SQL
-    statements one pair sends."""
+    the driver's execute (a round trip and PostgreSQL's work: Django's cursors on the Python
+    path, metering's own psycopg call on the SQL-function path), in commits, in the Redis
+    rate limit, and the rest (Python: Django, metering, the ledger's own code). Also which SQL
+    statements one pair sends, and the CPU it costs this process, its PostgreSQL backend and
+    the Redis server (shared with whatever else uses it: an upper bound)."""
     price = metering.price_at(MODEL)
     spent = Counter()
     kinds: Counter = Counter()
@@ -279,7 +310,16 @@ def phases(key: KeyInfo, worker: Worker, seconds: float) -> dict:
         finally:
             spent["sql"] += time.perf_counter() - a
 
-    real_commit, real_take = connection.commit, metering.ratelimit.take
+    real_commit, real_take, real_call = (connection.commit, metering.ratelimit.take,
+                                         metering._execute)
+
+    def call(db, sql, params):
+        kinds[sql.split("(", 1)[0].split()[-1] + "()"] += 1  # e.g. billing_reserve()
+        a = time.perf_counter()
+        try:
+            return real_call(db, sql, params)
+        finally:
+            spent["sql"] += time.perf_counter() - a
 
     def commit():
         kinds["COMMIT"] += 1
@@ -296,11 +336,13 @@ def phases(key: KeyInfo, worker: Worker, seconds: float) -> dict:
         finally:
             spent["redis"] += time.perf_counter() - a
 
-    connection.commit, metering.ratelimit.take = commit, take
+    connection.commit, metering.ratelimit.take, metering._execute = commit, take, call
     with connection.cursor() as cur:
         cur.execute("SELECT pg_backend_pid()")
         backend = cur.fetchone()[0]
+    redis_pid = _redis_server_pid()
     pg_cpu, py_cpu = _proc_cpu_s(backend), time.process_time()
+    redis_cpu = _proc_cpu_s(redis_pid) if redis_pid else 0.0
     pairs, start = 0, time.perf_counter()
     try:
         with connection.execute_wrapper(timed_sql):
@@ -313,13 +355,15 @@ def phases(key: KeyInfo, worker: Worker, seconds: float) -> dict:
                 pairs += 1
     finally:
         del connection.commit
-        metering.ratelimit.take = real_take
+        metering.ratelimit.take, metering._execute = real_take, real_call
     wall = time.perf_counter() - start
     py_cpu, pg_cpu = time.process_time() - py_cpu, _proc_cpu_s(backend) - pg_cpu
+    redis_cpu = (_proc_cpu_s(redis_pid) - redis_cpu) if redis_pid else 0.0
     per_pair = {name: spent[name] / pairs * 1000 for name in ("sql", "commit", "redis")}
     per_pair["python"] = wall / pairs * 1000 - sum(per_pair.values())
     return {"pairs": pairs, "wall": wall, "ms": per_pair,
-            "cpu_ms": {"python": py_cpu / pairs * 1000, "pg": pg_cpu / pairs * 1000},
+            "cpu_ms": {"python": py_cpu / pairs * 1000, "pg": pg_cpu / pairs * 1000,
+                       "redis": redis_cpu / pairs * 1000},
             "kinds": Counter({k: n // pairs for k, n in kinds.items()})}
 
 
@@ -365,7 +409,11 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8,
                         help="processes the 32 clients are spread over (default 8 x 4)")
     parser.add_argument("--no-profile", action="store_true", help="skip the profile section")
+    parser.add_argument("--python-path", action="store_true",
+                        help="reserve and settle statement by statement (metering.SQL_FUNCTIONS"
+                             " off), the path SQLite takes, for comparison")
     args = parser.parse_args()
+    metering.SQL_FUNCTIONS = not args.python_path
 
     old = setup_databases(verbosity=0, interactive=False)
     db_name = settings.DATABASES["default"]["NAME"]
@@ -375,6 +423,9 @@ def main() -> None:
         print(f"billing benchmark: {CLIENTS} clients, {args.warmup:g} s warm-up, "
               f"{args.duration:g} s measured per row, {os.cpu_count()} CPUs, "
               f"PostgreSQL {connection.pg_version // 10000}, database {db_name}")
+        print("path: " + ("one PostgreSQL function call per reserve and per settle "
+                          "(metering.SQL_FUNCTIONS)" if metering.SQL_FUNCTIONS else
+                          "statement by statement through billing.ledger (--python-path)"))
         # This machine's speed varies (a shared VM): a yardstick to compare runs by.
         yardstick = min(timeit.repeat("sum(range(1000))", number=10_000, repeat=5)) / 10_000
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
@@ -427,18 +478,20 @@ def main() -> None:
             ms = found["ms"]
             print(f"one pair, {sum(ms.values()):.2f} ms: SQL execute {ms['sql']:.2f}, commit "
                   f"{ms['commit']:.2f}, Redis rate limit {ms['redis']:.2f}, Python "
-                  f"{ms['python']:.2f} (Django ORM, metering, ledger)")
+                  f"{ms['python']:.2f} (Django, metering, ledger)")
             cpu = found["cpu_ms"]
-            total = cpu["python"] + cpu["pg"]
+            total = cpu["python"] + cpu["pg"] + cpu["redis"]
             cores = os.cpu_count() or 1
             print(f"CPU per pair: Python {cpu['python']:.2f} ms + its PostgreSQL backend "
-                  f"{cpu['pg']:.2f} ms = {total:.2f} ms, so {cores} cores cannot do more than "
-                  f"{cores * 1000 / total:,.0f} pairs/s however the clients are spread")
+                  f"{cpu['pg']:.2f} ms + Redis server {cpu['redis']:.2f} ms = {total:.2f} ms, "
+                  f"so {cores} cores cannot do more than {cores * 1000 / total:,.0f} pairs/s "
+                  "however the clients are spread (WAL writer and kernel not counted)")
             kinds = found["kinds"]
-            print(f"SQL per pair: {sum(n for k, n in kinds.items() if k != 'COMMIT')} "
-                  f"statements + {kinds['COMMIT']} commits ("
+            statements = sum(n for k, n in kinds.items() if k != "COMMIT")
+            print(f"SQL per pair: {statements} statements + {kinds['COMMIT']} commits ("
                   + ", ".join(f"{n} {k}" for k, n in kinds.most_common() if k != "COMMIT")
-                  + ")")
+                  + ")" + ("; each function call is its own transaction"
+                           if metering.SQL_FUNCTIONS else ""))
             print("cProfile, one client alone, top functions by own time:")
             print(profile_top(key, worker, 3.0))
     finally:

@@ -24,7 +24,7 @@ from billing.metering import MeteringError, Usage, Worker
 from billing.models import Account, Charge, Hold, KeySpend, ModelPrice, Transfer
 from billing.selectors import ledger_problems
 from billing.services import credits_grant
-from tests.billing.test_metering import with_redis_undisturbed
+from tests.billing.test_metering import billing_path, with_redis_undisturbed  # noqa: F401
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 MODEL = "unit-model"  # one micro-dollar a token, in and out: costs are token counts
@@ -134,6 +134,7 @@ def assert_only(results, *kinds) -> None:
 # 1. The issue's proof ---------------------------------------------------------------------
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("billing_path")
 def test_200_reserves_at_once_against_a_wallet_for_100_exactly_100_win(carol, price):
     hold = 1_000
     grant(carol, 100 * hold)
@@ -169,18 +170,19 @@ def test_200_reserves_at_once_against_a_wallet_for_100_exactly_100_win(carol, pr
 # 2. Settle races ---------------------------------------------------------------------------
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("billing_path")
 def test_same_request_settled_by_10_threads_is_billed_once(carol, bob, price):
     grant(carol, 1_000_000)
     key = key_for(carol)
     worker = Worker(provider_id=bob.pk, reference="card:1")
     for round_ in range(5):
         request_id = f"r{round_}"
-        metering.reserve(key=key, model=MODEL, price=price, max_cost=1_000,
-                         request_id=request_id, tokens=1_000)
+        held = metering.reserve(key=key, model=MODEL, price=price, max_cost=1_000,
+                                request_id=request_id, tokens=1_000)
         wallet_before = ledger.balance(Account.Kind.WALLET, carol.pk)
         # Each thread reports different usage: only one of them may be believed.
-        results = run_together(10, lambda i, request_id=request_id: metering.settle(
-            request_id=request_id, usage=Usage(100, 200 + i), worker=worker))
+        results = run_together(10, lambda i, held=held: metering.settle(
+            hold=held, usage=Usage(100, 200 + i), worker=worker))
         assert_only(results, metering.ChargeInfo)
         charge = Charge.objects.get(request_id=request_id)
         assert all(r.cost_micros == charge.cost_micros for r in results)
@@ -195,20 +197,21 @@ def test_same_request_settled_by_10_threads_is_billed_once(carol, bob, price):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("billing_path")
 def test_settle_and_release_racing_close_the_hold_exactly_once(carol, bob, price):
     grant(carol, 1_000_000)
     key = key_for(carol)
     worker = Worker(provider_id=bob.pk, reference="card:1")
     for round_ in range(5):
         request_id = f"r{round_}"
-        metering.reserve(key=key, model=MODEL, price=price, max_cost=1_000,
-                         request_id=request_id, tokens=1_000)
+        held = metering.reserve(key=key, model=MODEL, price=price, max_cost=1_000,
+                                request_id=request_id, tokens=1_000)
         wallet_before = ledger.balance(Account.Kind.WALLET, carol.pk)
 
-        def close(i, request_id=request_id):
+        def close(i, held=held):
             if i % 2:
-                return metering.release(request_id=request_id)
-            return metering.settle(request_id=request_id, usage=Usage(100, 300), worker=worker)
+                return metering.release(request_id=held.request_id)
+            return metering.settle(hold=held, usage=Usage(100, 300), worker=worker)
 
         results = run_together(10, close)
         hold = Hold.objects.get(request_id=request_id)
@@ -232,6 +235,7 @@ def test_settle_and_release_racing_close_the_hold_exactly_once(carol, bob, price
 # 3. Spend limits under load -----------------------------------------------------------------
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("billing_path")
 def test_32_threads_of_reserve_settle_pairs_never_pass_the_key_spend_limit(carol, bob, price):
     limit, hold, cost = 20_000, 1_000, 400
     grant(carol, 10_000_000)  # the wallet never runs out: only the key's limit may refuse
@@ -243,13 +247,12 @@ def test_32_threads_of_reserve_settle_pairs_never_pass_the_key_spend_limit(carol
         for n in range(8):
             request_id = f"t{i}-{n}"
             try:
-                metering.reserve(key=key, model=MODEL, price=price, max_cost=hold,
-                                 request_id=request_id, tokens=hold)
+                held = metering.reserve(key=key, model=MODEL, price=price, max_cost=hold,
+                                        request_id=request_id, tokens=hold)
             except MeteringError as exc:
                 done.append(exc)
                 continue
-            done.append(metering.settle(request_id=request_id, usage=Usage(200, 200),
-                                        worker=worker))
+            done.append(metering.settle(hold=held, usage=Usage(200, 200), worker=worker))
         return done
 
     with Watch("SELECT used_micros FROM billing_keyspend WHERE api_key_id = %s",
@@ -274,6 +277,7 @@ def test_32_threads_of_reserve_settle_pairs_never_pass_the_key_spend_limit(carol
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("billing_path")
 def test_reserves_and_settles_of_one_user_at_once_do_not_deadlock(carol, bob, price):
     """The same race as above without any spend limit: one user's requests starting and
     finishing at the same time, as a busy API consumer's do."""
@@ -283,9 +287,9 @@ def test_reserves_and_settles_of_one_user_at_once_do_not_deadlock(carol, bob, pr
 
     def pairs(i):
         for n in range(8):
-            metering.reserve(key=key, model=MODEL, price=price, max_cost=1_000,
-                             request_id=f"t{i}-{n}", tokens=1_000)
-            metering.settle(request_id=f"t{i}-{n}", usage=Usage(200, 200), worker=worker)
+            held = metering.reserve(key=key, model=MODEL, price=price, max_cost=1_000,
+                                    request_id=f"t{i}-{n}", tokens=1_000)
+            metering.settle(hold=held, usage=Usage(200, 200), worker=worker)
         return "done"
 
     results = run_together(16, pairs)
@@ -417,6 +421,7 @@ def test_idempotency_key_replayed_by_many_threads_moves_money_once(carol):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("billing_path")
 def test_reserve_replayed_by_many_threads_holds_once(carol, price):
     grant(carol, 100_000)
     key = key_for(carol, spend_limit_micros=50_000, spend_period="daily")

@@ -2,6 +2,8 @@
 the price in force when the request started, give back the rest, and let the database itself
 refuse money that does not add up."""
 
+import dataclasses
+import socket
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -15,7 +17,7 @@ from billing.metering import MeteringError, Usage, Worker
 from billing.models import Account, Charge, Entry, Hold, KeySpend, ModelPrice, Transfer
 from billing.services import credits_grant
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("billing_path")]
 
 T0 = datetime(2026, 11, 2, 10, 0, tzinfo=UTC)
 MODEL = "llama-3.1-8b-instruct"
@@ -30,6 +32,14 @@ COMPLETION, COST, FEE = 567, 526, 78
 @pytest.fixture(autouse=True)
 def _fee(settings):
     settings.RIGSHARE_PLATFORM_FEE_BPS = 1500
+
+
+@pytest.fixture(params=["sql-functions", "python"])
+def billing_path(request, monkeypatch):
+    """Each test runs on both paths of reserve and settle: one database function call each
+    (PostgreSQL in production) and statement by statement (the path SQLite takes)."""
+    monkeypatch.setattr(metering, "SQL_FUNCTIONS", request.param == "sql-functions")
+    return request.param
 
 
 @pytest.fixture
@@ -98,8 +108,8 @@ def test_reserve_holds_the_worst_case_cost(carol, price):
 def test_settle_bills_actual_tokens_and_splits_provider_and_fee(carol, bob, price, worker):
     grant(carol, 10_000)
     key = key_for(carol)
-    reserve(key, "r1")
-    charge = metering.settle(request_id="r1", usage=Usage(PROMPT, COMPLETION), worker=worker,
+    held = reserve(key, "r1")
+    charge = metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker,
                              now=T0 + timedelta(seconds=5))
     assert (charge.cost_micros, charge.estimated, charge.capped) == (COST, False, False)
     assert bal(Account.Kind.WALLET, carol) == 10_000 - COST
@@ -118,29 +128,29 @@ def test_settle_bills_actual_tokens_and_splits_provider_and_fee(carol, bob, pric
 
 def test_one_token_costs_one_micro_dollar_not_zero(carol, price, worker):
     grant(carol, 10_000)
-    reserve(key_for(carol), "r1", prompt=1, max_tokens=1)  # 0.75 micro-dollars worst case
+    held = reserve(key_for(carol), "r1", prompt=1, max_tokens=1)  # 0.75 micro-dollars worst case
     assert Hold.objects.get(request_id="r1").amount_micros == 1
-    charge = metering.settle(request_id="r1", usage=Usage(1, 0), worker=worker, now=T0)
+    charge = metering.settle(hold=held, usage=Usage(1, 0), worker=worker, now=T0)
     assert charge.cost_micros == 1  # 0.15 rounded up
     assert bal(Account.Kind.WALLET, carol) == 9_999
 
 
 def test_served_by_the_platform_itself_all_of_it_is_revenue(carol, price):
     grant(carol, 10_000)
-    reserve(key_for(carol), "r1")
-    metering.settle(request_id="r1", usage=Usage(PROMPT, COMPLETION), worker=None, now=T0)
+    held = reserve(key_for(carol), "r1")
+    metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=None, now=T0)
     assert bal(Account.Kind.PLATFORM_REVENUE) == COST
 
 
 def test_request_pays_the_price_in_force_when_it_was_reserved(carol, price, worker):
     grant(carol, 100_000)
     key = key_for(carol)
-    reserve(key, "r1", now=T0)
+    held = reserve(key, "r1", now=T0)
     newer = ModelPrice.objects.create(model=MODEL, input_micros_per_mtok=IN_PER_MTOK * 10,
                                       output_micros_per_mtok=OUT_PER_MTOK * 10,
                                       effective_at=T0 + timedelta(seconds=1))
     assert metering.price_at(MODEL, T0 + timedelta(seconds=2)).price_id == newer.pk
-    charge = metering.settle(request_id="r1", usage=Usage(PROMPT, COMPLETION), worker=worker,
+    charge = metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker,
                              now=T0 + timedelta(seconds=2))
     assert charge.cost_micros == COST and not charge.capped
     # A request that starts after the change pays the new price.
@@ -157,11 +167,10 @@ def test_no_price_for_a_model_is_404(carol, price):
 
 def test_settle_is_idempotent_by_request_id(carol, bob, price, worker):
     grant(carol, 10_000)
-    reserve(key_for(carol), "r1")
-    first = metering.settle(request_id="r1", usage=Usage(PROMPT, COMPLETION), worker=worker,
-                            now=T0)
+    held = reserve(key_for(carol), "r1")
+    first = metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
     before = balances(carol, bob)
-    again = metering.settle(request_id="r1", usage=Usage(PROMPT, 2 * COMPLETION), worker=worker,
+    again = metering.settle(hold=held, usage=Usage(PROMPT, 2 * COMPLETION), worker=worker,
                             now=T0 + timedelta(seconds=1))
     assert again == first
     assert balances(carol, bob) == before
@@ -203,15 +212,34 @@ def test_release_returns_everything(carol, price):
 
 def test_settling_a_released_hold_is_refused(carol, price, worker):
     grant(carol, 10_000)
-    reserve(key_for(carol), "r1")
+    held = reserve(key_for(carol), "r1")
     metering.release(request_id="r1", now=T0)
     before = balances(carol)
     with pytest.raises(MeteringError) as refused:
-        metering.settle(request_id="r1", usage=Usage(PROMPT, COMPLETION), worker=worker,
-                        now=T0)
+        metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
     assert (refused.value.status, refused.value.code) == (409, "hold_closed")
     assert refused.value.as_openai()["error"]["code"] == "hold_closed"
     assert balances(carol) == before and not Charge.objects.exists()
+
+
+def test_settle_refuses_a_hold_that_does_not_match_and_moves_nothing(carol, mallory, price,
+                                                                     worker):
+    """settle bills from the HoldInfo it is given; the hold row must agree with it."""
+    grant(carol, 10_000)
+    held = reserve(key_for(carol), "r1")
+    before = balances(carol)
+    for wrong in (dataclasses.replace(held, amount_micros=held.amount_micros + 1),
+                  dataclasses.replace(held, user_id=mallory.pk)):
+        with pytest.raises(ValueError, match="does not match"):
+            metering.settle(hold=wrong, usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
+    assert balances(carol) == before and not Charge.objects.exists()
+    assert bal(Account.Kind.WALLET, mallory) == 0
+    assert Hold.objects.get(request_id="r1").status == "pending"
+    with pytest.raises(Hold.DoesNotExist):
+        metering.settle(hold=dataclasses.replace(held, request_id="nope"),
+                        usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
+    assert metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker,
+                           now=T0).cost_micros == COST
 
 
 def test_holds_expire_releases_stale_holds_and_leaves_fresh_ones(carol, price):
@@ -231,8 +259,8 @@ def test_holds_expire_releases_stale_holds_and_leaves_fresh_ones(carol, price):
 
 def test_zero_usage_is_released_not_charged(carol, price, worker):
     grant(carol, 10_000)
-    reserve(key_for(carol), "r1")
-    assert metering.settle(request_id="r1", usage=Usage(0, 0), worker=worker, now=T0) is None
+    held = reserve(key_for(carol), "r1")
+    assert metering.settle(hold=held, usage=Usage(0, 0), worker=worker, now=T0) is None
     assert Hold.objects.get(request_id="r1").status == "released"
     assert bal(Account.Kind.WALLET, carol) == 10_000 and not Charge.objects.exists()
 
@@ -241,15 +269,14 @@ def test_interrupted_stream_is_billed_for_delivered_tokens_once(carol, bob, pric
     """The engine never sent usage: the proxy settles with what it delivered, marked
     estimated; the real usage arriving later (a retried settle) bills nothing more."""
     grant(carol, 10_000)
-    reserve(key_for(carol), "r1")
-    charge = metering.settle(request_id="r1", usage=Usage(PROMPT, 40, estimated=True),
+    held = reserve(key_for(carol), "r1")
+    charge = metering.settle(hold=held, usage=Usage(PROMPT, 40, estimated=True),
                              worker=worker, now=T0)
     # ceil((1,234 x 150,000 + 40 x 600,000) / 10^6) = ceil(209.1)
     assert (charge.cost_micros, charge.estimated) == (210, True)
     assert Charge.objects.get(request_id="r1").estimated is True
     before = balances(carol, bob)
-    late = metering.settle(request_id="r1", usage=Usage(PROMPT, COMPLETION), worker=worker,
-                           now=T0)
+    late = metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
     assert late == charge
     assert balances(carol, bob) == before
     assert bal(Account.Kind.WALLET, carol) == 10_000 - 210
@@ -257,16 +284,16 @@ def test_interrupted_stream_is_billed_for_delivered_tokens_once(carol, bob, pric
 
 def test_stream_cut_before_any_output_still_bills_the_prompt(carol, price, worker):
     grant(carol, 10_000)
-    reserve(key_for(carol), "r1")
-    charge = metering.settle(request_id="r1", usage=Usage(PROMPT, 0, estimated=True),
+    held = reserve(key_for(carol), "r1")
+    charge = metering.settle(hold=held, usage=Usage(PROMPT, 0, estimated=True),
                              worker=worker, now=T0)
     assert charge.cost_micros == 186 and charge.estimated  # ceil(185.1), never 0
 
 
 def test_usage_beyond_the_hold_is_capped_at_the_hold(carol, bob, price, worker):
     grant(carol, 10_000)
-    reserve(key_for(carol), "r1")
-    charge = metering.settle(request_id="r1", usage=Usage(PROMPT, 5 * MAX_TOKENS),
+    held = reserve(key_for(carol), "r1")
+    charge = metering.settle(hold=held, usage=Usage(PROMPT, 5 * MAX_TOKENS),
                              worker=worker, now=T0)
     assert (charge.cost_micros, charge.capped) == (HOLD, True)
     assert bal(Account.Kind.WALLET, carol) == 10_000 - HOLD
@@ -331,8 +358,8 @@ def test_key_daily_spend_limit_is_429_and_settle_gives_back_the_unused_hold(caro
                                                                             worker):
     grant(carol, 100_000)
     key = key_for(carol, spend_limit_micros=3_000, spend_period="daily")
-    reserve(key, "a")
-    reserve(key, "b")
+    a = reserve(key, "a")
+    b = reserve(key, "b")
     assert used(key) == 2 * HOLD
     before = balances(carol)
     with pytest.raises(MeteringError) as refused:
@@ -340,11 +367,11 @@ def test_key_daily_spend_limit_is_429_and_settle_gives_back_the_unused_hold(caro
     assert (refused.value.status, refused.value.code) == (429, "key_limit_reached")
     assert refused.value.as_openai()["error"]["type"] == "insufficient_quota"
     assert balances(carol) == before and used(key) == 2 * HOLD
-    metering.settle(request_id="a", usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
+    metering.settle(hold=a, usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
     assert used(key) == COST + HOLD
     with pytest.raises(MeteringError):  # 526 + 1,386 + 1,386 > 3,000
         reserve(key, "c")
-    metering.settle(request_id="b", usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
+    metering.settle(hold=b, usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
     assert used(key) == 2 * COST
     reserve(key, "c")  # 2 x 526 + 1,386 <= 3,000
     assert used(key) == 2 * COST + HOLD
@@ -430,6 +457,30 @@ def test_tokens_per_minute_limit_is_429_and_a_refusal_uses_none(carol, price, on
     with_redis_undisturbed(scenario)
 
 
+def test_rate_limit_survives_redis_forgetting_its_script_and_a_broken_connection(one_window):
+    """take() talks to Redis on a connection of its own: a script Redis no longer knows
+    (restart, SCRIPT FLUSH) is sent in full, and a dead connection is replaced, counting once."""
+    def scenario():
+        key_id = int(uuid.uuid4().int % 10**9) + 10**9  # counters no other test shares
+
+        def take():
+            return ratelimit.take(key_id=key_id, requests_limit=3, tokens_limit=None, tokens=1)
+
+        assert take() is None
+        script = ratelimit._script()
+        sha, script.sha = script.sha, "0" * 40  # a script Redis does not know
+        try:
+            assert take() is None
+        finally:
+            script.sha = sha
+        ratelimit._own.conn._sock.shutdown(socket.SHUT_RDWR)  # the server went away
+        assert take() is None
+        assert ratelimit.used(key_id=key_id, name="requests") == 3
+        assert take() == "requests"
+
+    with_redis_undisturbed(scenario)
+
+
 # --- the ledger and the database's own checks ---
 
 def test_ledger_refuses_legs_that_do_not_sum_to_zero(carol):
@@ -492,6 +543,51 @@ def test_database_refuses_an_unbalanced_transfer_at_a_real_commit(carol):
             cur.execute("INSERT INTO billing_transfer (kind, idempotency_key, reference, memo,"
                         " created_at) VALUES ('grant', 'empty', '', '', now())")
     assert not Transfer.objects.exists() and not Entry.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_database_refuses_an_entry_added_to_a_committed_transfer(carol):
+    """Even two entries that sum to zero: a committed transfer never changes."""
+    grant(carol, 1_000)
+    wallet = ledger.account_id(Account.Kind.WALLET, carol.pk)
+    grants = ledger.account_id(Account.Kind.GRANTS)
+    old = Transfer.objects.get()
+    with pytest.raises(DatabaseError, match="created in the same transaction"):
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("INSERT INTO billing_entry (transfer_id, account_id, amount_micros)"
+                        " VALUES (%s, %s, 500), (%s, %s, -500)", [old.pk, wallet, old.pk, grants])
+    with pytest.raises(DatabaseError, match="created in the same transaction"):
+        with transaction.atomic(), connection.cursor() as cur:  # no such transfer at all
+            cur.execute("INSERT INTO billing_entry (transfer_id, account_id, amount_micros)"
+                        " VALUES (%s, %s, 500)", [old.pk + 1000, wallet])
+    assert Entry.objects.filter(transfer=old).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_entries_may_join_a_transfer_of_the_same_transaction_across_savepoints(carol):
+    """Legs inserted one by one, in savepoints or not, are checked together at commit."""
+    wallet = ledger.account_id(Account.Kind.WALLET, carol.pk)
+    grants = ledger.account_id(Account.Kind.GRANTS)
+    with transaction.atomic(), connection.cursor() as cur:
+        with transaction.atomic():  # the transfer is created in a savepoint...
+            cur.execute("INSERT INTO billing_transfer (kind, idempotency_key, reference, memo,"
+                        " created_at) VALUES ('grant', 'legs', '', '', now()) RETURNING id")
+            transfer_id = cur.fetchone()[0]
+        with transaction.atomic():  # ... and its legs in others
+            cur.execute("INSERT INTO billing_entry (transfer_id, account_id, amount_micros)"
+                        " VALUES (%s, %s, -700)", [transfer_id, grants])
+        with pytest.raises(DatabaseError):  # a savepoint rolled back takes its leg with it
+            with transaction.atomic():
+                cur.execute("INSERT INTO billing_entry (transfer_id, account_id, amount_micros)"
+                            " VALUES (%s, %s, 5)", [transfer_id, wallet])
+                cur.execute("SELECT 1/0")
+        cur.execute("INSERT INTO billing_entry (transfer_id, account_id, amount_micros)"
+                    " VALUES (%s, %s, 700)", [transfer_id, wallet])
+    assert bal(Account.Kind.WALLET, carol) == 0  # a raw insert moves no kept balance
+    assert sorted(Entry.objects.filter(transfer_id=transfer_id)
+                  .values_list("amount_micros", flat=True)) == [-700, 700]
+    with connection.cursor() as cur:  # put the kept balance right for ledger_problems()
+        cur.execute("UPDATE billing_account SET balance_micros = 700 WHERE id = %s", [wallet])
 
 
 def test_entries_are_append_only(carol):

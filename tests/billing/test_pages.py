@@ -44,12 +44,11 @@ def spend(key_row: ApiKey, *, model: str = MODEL, prompt: int = 1000, completion
     tokens it will use), then settle what it used."""
     price_now = metering.price_at(model, when)
     request_id = uuid.uuid4().hex
-    metering.reserve(key=KeyInfo.of(key_row), model=model, price=price_now,
-                     max_cost=metering.max_cost_micros(price_now, prompt_tokens=prompt,
-                                                       max_tokens=2 * completion + 1),
-                     request_id=request_id, tokens=prompt + completion, now=when)
-    return metering.settle(request_id=request_id, usage=Usage(prompt, completion), worker=worker,
-                           now=when)
+    held = metering.reserve(key=KeyInfo.of(key_row), model=model, price=price_now,
+                            max_cost=metering.max_cost_micros(price_now, prompt_tokens=prompt,
+                                                              max_tokens=2 * completion + 1),
+                            request_id=request_id, tokens=prompt + completion, now=when)
+    return metering.settle(hold=held, usage=Usage(prompt, completion), worker=worker, now=when)
 
 
 def wallet(user) -> int:

@@ -33,9 +33,9 @@ def test_provider_earnings_by_card_and_day_with_tokens_and_rental_hours(
                               effective_at=start - timedelta(days=1))
     price = metering.price_at("m")
     for i in range(3):
-        metering.reserve(key=key, model="m", price=price, max_cost=10_000, request_id=f"r{i}",
-                         tokens=1000)
-        metering.settle(request_id=f"r{i}", usage=metering.Usage(1000, 500),
+        held = metering.reserve(key=key, model="m", price=price, max_cost=10_000,
+                                request_id=f"r{i}", tokens=1000)
+        metering.settle(hold=held, usage=metering.Usage(1000, 500),
                         worker=metering.Worker(bob.pk, f"card:{card.pk}"))
 
     client.force_login(bob)
