@@ -433,10 +433,6 @@ def test_simulated_probes_come_from_the_fleetsim_profile(monkeypatch, capsys):
 
 
 def test_simulated_probes_from_the_real_profiles(capsys):
-    from fleetsim import profiles
-
-    if not hasattr(profiles, "simulated_probe_results"):
-        pytest.skip("fleetsim has no simulated_probe_results yet")
     assert main(["probe", "--simulate", "h200", "--machine-id", "m1"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["device"] == "cuda" and len(result["gpus"]) == 1
