@@ -33,7 +33,7 @@ from django.db import connection  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from accounts.models import User  # noqa: E402
-from fleetsim.profiles import LIARS, PLANTED_FLEET, get_profile  # noqa: E402
+from fleetsim.profiles import LIARS, PLANTED_FLEET, get_profile, machine_ids  # noqa: E402
 from fleetsim.server import ServerThread  # noqa: E402
 from marketplace import services as marketplace  # noqa: E402
 from marketplace.models import Card, Node  # noqa: E402
@@ -41,15 +41,6 @@ from verification import services  # noqa: E402
 from verification.models import Finding, ProbeJob, VerificationRun  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def machine_ids(keys: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for key in keys:
-        seen[key] = seen.get(key, 0) + 1
-        out.append(f"{key}-{seen[key]}")
-    return out
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import uvicorn
 
-from fleetsim.profiles import Profile, get_profile
+from fleetsim.profiles import Profile, get_profile, machine_ids
 from fleetsim.server import EngineServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -48,14 +48,13 @@ def plan_machines(profile_keys: list[str], tokens: list[str], state_dir: Path,
                   base_port: int) -> list[Machine]:
     """One machine per profile key, ids like `h200-1`, `h200-2`; one token each, except that a
     machine whose credential file exists is already enrolled (restarting keeps the node)."""
-    machines, seen = [], {}
-    for i, key in enumerate(profile_keys):
+    machines = []
+    for i, (key, machine_id) in enumerate(zip(profile_keys, machine_ids(profile_keys),
+                                              strict=True)):
         try:
             profile = get_profile(key)
         except KeyError as exc:
             raise FleetError(exc.args[0]) from None
-        seen[key] = seen.get(key, 0) + 1
-        machine_id = f"{key}-{seen[key]}"
         machines.append(Machine(machine_id, profile, base_port + i,
                                 state_dir / f"{machine_id}.json", None))
     all_enrolled = all(m.credential_file.exists() for m in machines)

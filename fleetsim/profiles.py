@@ -819,3 +819,13 @@ def _probe_gpu(p: Profile, machine_id: str, index: int, params: dict) -> dict:
         },
         "vram": {"free_bytes": free_bytes, "tested_bytes": tested_bytes, "pattern_ok": True},
     }
+
+
+def machine_ids(profile_keys: list[str]) -> list[str]:
+    """fleetsim's machine ids: each profile key with its count so far (h200-1, h200-2)."""
+    seen: dict[str, int] = {}
+    ids = []
+    for key in profile_keys:
+        seen[key] = seen.get(key, 0) + 1
+        ids.append(f"{key}-{seen[key]}")
+    return ids

@@ -17,6 +17,7 @@ from accounts.models import User
 from billing.keys import api_key_create
 from billing.models import ModelPrice
 from billing.services import credits_grant
+from fleetsim.profiles import machine_ids
 from marketplace import services
 from marketplace.models import Card, Node, Rental
 
@@ -69,7 +70,7 @@ class Command(BaseCommand):
         bob = User.objects.get(email=PROVIDER)
         state_dir.mkdir(parents=True, exist_ok=True)
         tokens = []
-        for machine_id in _machine_ids(profiles):
+        for machine_id in machine_ids(profiles):
             credential = state_dir / f"{machine_id}.json"
             if credential.exists():
                 node_id = json.loads(credential.read_text()).get("node_id")
@@ -84,7 +85,7 @@ class Command(BaseCommand):
     def _list(self, profiles, state_dir, timeout):
         bob = User.objects.get(email=PROVIDER)
         deadline = time.monotonic() + timeout
-        for profile, machine_id in zip(profiles, _machine_ids(profiles), strict=True):
+        for profile, machine_id in zip(profiles, machine_ids(profiles), strict=True):
             credential = state_dir / f"{machine_id}.json"
             while True:
                 node_id = (json.loads(credential.read_text()).get("node_id")
@@ -133,12 +134,3 @@ class Command(BaseCommand):
         _, token = api_key_create(user=carol, name=f"demo {timezone.now():%Y-%m-%d %H:%M}")
         self.stdout.write(f"DEMO_API_KEY={token}")
 
-
-def _machine_ids(profiles: list[str]) -> list[str]:
-    """fleetsim's machine ids: the profile key and its count so far (h200-1, h200-2)."""
-    seen: dict[str, int] = {}
-    ids = []
-    for key in profiles:
-        seen[key] = seen.get(key, 0) + 1
-        ids.append(f"{key}-{seen[key]}")
-    return ids
