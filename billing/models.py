@@ -75,8 +75,17 @@ class Transfer(models.Model):
 class Entry(models.Model):
     """One leg of a transfer: positive credits the account, negative debits it."""
 
-    transfer = models.ForeignKey(Transfer, on_delete=models.PROTECT, related_name="entries")
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
+    # No database foreign keys on the rows every request writes (entries, holds, charges):
+    # PostgreSQL checks each with a locking read of the parent at commit, and two parents,
+    # the platform's revenue account and the model's price, are shared by every request.
+    # Migration 0006 keeps the same guarantees without the locks: the transfer's commit-time
+    # check also refuses entries of unknown accounts, the entry guard (0003) refuses unknown
+    # transfers, and ledger rows (accounts, transfers, holds, prices, keys) cannot be deleted.
+    # Django still applies PROTECT to ORM deletes.
+    transfer = models.ForeignKey(Transfer, on_delete=models.PROTECT, related_name="entries",
+                                 db_constraint=False)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries",
+                                db_constraint=False, db_index=False)  # (account, transfer) below
     amount_micros = models.BigIntegerField()
 
     class Meta:
@@ -165,16 +174,21 @@ class Hold(models.Model):
         EXPIRED = "expired"
 
     request_id = models.CharField(max_length=100, unique=True)
+    # Foreign keys without database constraints or indexes: see Entry. The user is the owner
+    # of the wallet the reserve debits (checked by that UPDATE), the key and price come from
+    # the caller's own lookups, and neither can be deleted (migration 0006).
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
-                             related_name="holds")
-    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="holds")
+                             related_name="holds", db_constraint=False, db_index=False)
+    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="holds",
+                                db_constraint=False, db_index=False)
     model = models.CharField(max_length=200)
     amount_micros = models.BigIntegerField()
-    price = models.ForeignKey(ModelPrice, on_delete=models.PROTECT, related_name="+")
+    price = models.ForeignKey(ModelPrice, on_delete=models.PROTECT, related_name="+",
+                              db_constraint=False, db_index=False)
     spend_period_start = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     created_at = models.DateTimeField(default=timezone.now)
-    expires_at = models.DateTimeField(db_index=True)
+    expires_at = models.DateTimeField()  # (status, expires_at) below serves the expiry sweep
     closed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -189,14 +203,20 @@ class Hold(models.Model):
 class Charge(models.Model):
     """What one request cost, from the engine's usage (or from delivered tokens, estimated)."""
 
+    # Foreign keys without database constraints (see Entry): hold, user and key are copied
+    # from the locked hold row, the transfer is created in the same statement. user and
+    # provider are served by the (user|provider, created_at) indexes below.
     request_id = models.CharField(max_length=100, unique=True)
-    hold = models.OneToOneField(Hold, on_delete=models.PROTECT, related_name="charge")
+    hold = models.OneToOneField(Hold, on_delete=models.PROTECT, related_name="charge",
+                                db_constraint=False)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
-                             related_name="charges")
-    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="charges")
+                             related_name="charges", db_constraint=False, db_index=False)
+    api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="charges",
+                                db_constraint=False)
     model = models.CharField(max_length=200)
     provider = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                 on_delete=models.PROTECT, related_name="served_charges")
+                                 on_delete=models.PROTECT, related_name="served_charges",
+                                 db_constraint=False, db_index=False)
     worker = models.CharField(max_length=100, blank=True)  # e.g. card:7
     prompt_tokens = models.PositiveIntegerField()
     completion_tokens = models.PositiveIntegerField()
@@ -205,7 +225,8 @@ class Charge(models.Model):
     fee_micros = models.BigIntegerField()
     estimated = models.BooleanField(default=False)  # no usage from the engine: delivered tokens
     capped = models.BooleanField(default=False)  # usage cost more than the hold: billed the hold
-    transfer = models.ForeignKey(Transfer, on_delete=models.PROTECT, related_name="+")
+    transfer = models.ForeignKey(Transfer, on_delete=models.PROTECT, related_name="+",
+                                 db_constraint=False, db_index=False)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:

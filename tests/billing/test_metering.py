@@ -602,6 +602,39 @@ def test_entries_are_append_only(carol):
     assert entry.amount_micros == 1_000
 
 
+@pytest.mark.django_db(transaction=True)
+def test_database_refuses_a_leg_on_an_account_that_does_not_exist(carol):
+    """No foreign key on entries (migration 0006): the commit-time check counts them instead."""
+    grants = ledger.account_id(Account.Kind.GRANTS)
+    missing = Account.objects.order_by("-pk").values_list("pk", flat=True).first() + 1000
+    with pytest.raises(IntegrityError, match="accounts that do not exist"):
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("INSERT INTO billing_transfer (kind, idempotency_key, reference, memo,"
+                        " created_at) VALUES ('grant', 'ghost', '', '', now()) RETURNING id")
+            transfer_id = cur.fetchone()[0]
+            cur.execute("INSERT INTO billing_entry (transfer_id, account_id, amount_micros)"
+                        " VALUES (%s, %s, -500), (%s, %s, 500)",
+                        [transfer_id, grants, transfer_id, missing])
+    assert not Transfer.objects.exists() and not Entry.objects.exists()
+
+
+def test_ledger_rows_are_never_deleted(carol, price, worker):
+    """What entries, holds and charges point at stays: deletes are refused by the database."""
+    grant(carol, 10_000)
+    metering.settle(hold=reserve(key_for(carol), "r1"), usage=Usage(PROMPT, COMPLETION),
+                    worker=worker, now=T0)
+    charge = Charge.objects.get()
+    rows = {"billing_account": ledger.account_id(Account.Kind.WALLET, carol.pk),
+            "billing_transfer": charge.transfer_id, "billing_hold": charge.hold_id,
+            "billing_charge": charge.pk, "billing_modelprice": price.pk,
+            "billing_apikey": charge.api_key_id}
+    for table, pk in rows.items():
+        with pytest.raises(DatabaseError, match=f"rows of {table} are never deleted"):
+            with transaction.atomic(), connection.cursor() as cur:
+                cur.execute(f"DELETE FROM {table} WHERE id = %s", [pk])
+    assert Charge.objects.filter(pk=charge.pk, hold__pk=charge.hold_id).exists()
+
+
 def test_a_non_negative_account_cannot_go_below_zero_even_by_raw_sql(carol):
     grant(carol, 1_000)
     wallet = ledger.account_id(Account.Kind.WALLET, carol.pk)
