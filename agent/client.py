@@ -7,6 +7,11 @@ PLATFORM_TIMEOUT_S = 10.0
 ENGINE_TIMEOUT_S = 5.0
 MAX_STRING = 256  # the protocol's limit on every string
 MAX_MODELS = 256
+MAX_QUANTIZATION = 64  # the protocol's limit on a quantization name
+# The protocol's bound on a context length: no engine serves more, so a larger figure is
+# nonsense rather than a fact.
+MAX_CONTEXT = 10_000_000
+ENGINE_KINDS = ("vllm", "llama.cpp")
 
 
 class Refused(Exception):
@@ -97,10 +102,14 @@ def _flatten(errors) -> str:
     return str(errors)
 
 
-def engine_status(client: httpx.Client, engine_url: str) -> dict:
+def engine_status(client: httpx.Client, engine_url: str, *, engine_kind: str | None = None,
+                  max_context: int | None = None, quantization: str | None = None) -> dict:
     """The heartbeat's engine part. Never raises: an engine that does not answer is reported
-    (reachable false, error why), it does not stop the heartbeat."""
-    status = {"url": engine_url, "reachable": False, "models": [], "error": None}
+    (reachable false, error why), it does not stop the heartbeat.
+
+    `engine_kind`, `max_context` and `quantization` are the provider's word (`run`'s flags)
+    for what the engine leaves unsaid; what the engine itself says, once checked, wins."""
+    status = {"url": engine_url, "reachable": False, "models": [], "served": [], "error": None}
     try:
         response = client.get(f"{engine_url}/v1/models", timeout=ENGINE_TIMEOUT_S)
     except httpx.HTTPError as exc:
@@ -115,10 +124,59 @@ def engine_status(client: httpx.Client, engine_url: str) -> dict:
     except (ValueError, KeyError, TypeError):
         status["error"] = "GET /v1/models did not answer an OpenAI-style model list"
         return status
-    # An id the platform cannot store could never be routed to; dropping it keeps the rest.
-    status["models"] = [i for i in ids if isinstance(i, str) and len(i) <= MAX_STRING][:MAX_MODELS]
+    served = {}
+    for model_id, entry in zip(ids, data, strict=True):
+        # An id the platform cannot store could never be routed to, and one listed twice
+        # would make the platform refuse the whole heartbeat: skipping them keeps the rest.
+        if _text(model_id, MAX_STRING) is None or model_id in served:
+            continue
+        served[model_id] = _served_model(model_id, entry, engine_kind=engine_kind,
+                                         max_context=max_context, quantization=quantization)
+        if len(served) == MAX_MODELS:
+            break
+    status["models"] = list(served)
+    status["served"] = list(served.values())
     status["reachable"] = True
     return status
+
+
+def _served_model(model_id: str, entry: dict, *, engine_kind: str | None,
+                  max_context: int | None, quantization: str | None) -> dict:
+    """One `served` item. Each engine answers /v1/models in its own shape (fleetsim/server.py
+    imitates both): vLLM says its context (`max_model_len`) but never its quantization;
+    llama-server says both in `meta` (`n_ctx` is the per-slot context a request must fit);
+    llama-cpp-python's server (`owned_by` "me") and anything else say neither."""
+    owned_by = entry.get("owned_by")
+    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+    if owned_by == "vllm":
+        kind, context, quant = "vllm", entry.get("max_model_len"), None
+    elif owned_by == "llamacpp":
+        kind, context, quant = "llama.cpp", meta.get("n_ctx"), meta.get("ftype")
+    else:
+        kind = context = quant = None
+    return {
+        "id": model_id,
+        "engine": kind or engine_kind or "",
+        "max_context": valid_context(context) or max_context,
+        "quantization": _text(quant, MAX_QUANTIZATION) or quantization or "",
+    }
+
+
+def valid_context(value) -> int | None:
+    """`value` if it is a context length the protocol accepts, else None (unknown)."""
+    if type(value) is int and 1 <= value <= MAX_CONTEXT:  # not bool, not "4096", not 4096.5
+        return value
+    return None
+
+
+def _text(value, limit: int) -> str | None:
+    """`value` if the platform would store it unchanged, else None: it refuses blank,
+    overlong and NUL-bearing strings (PostgreSQL cannot hold a NUL) and trims the rest, so
+    an untrimmed id would no longer name the engine's model."""
+    if (isinstance(value, str) and value and value == value.strip() and len(value) <= limit
+            and "\x00" not in value):
+        return value
+    return None
 
 
 def describe(exc: Exception) -> str:

@@ -20,6 +20,8 @@ app.conf.beat_schedule = {
     "ledger-check": {"task": "billing.tasks.ledger_check", "schedule": 3600.0},
     "verification-advance": {"task": "verification.tasks.verification_advance",
                              "schedule": 5.0},
+    "deployments-check-health": {"task": "routing.tasks.deployments_check_health",
+                                 "schedule": 10.0},
     "verification-sweep": {"task": "verification.tasks.verification_sweep", "schedule": 60.0},
     "verification-weekly": {"task": "verification.tasks.verification_weekly",
                             "schedule": 3600.0},

@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "billing",
     "marketplace",
     "verification",
+    "routing",
 ]
 
 MIDDLEWARE = [
@@ -148,6 +149,8 @@ RIGSHARE_ENROLMENT_TOKEN_TTL_H = env_int("RIGSHARE_ENROLMENT_TOKEN_TTL_H", 24, m
 RIGSHARE_RELIABILITY_WINDOW_DAYS = env_int("RIGSHARE_RELIABILITY_WINDOW_DAYS", 30, minimum=1)
 # The public URL that agents use, shown in the copy-paste enrolment command.
 RIGSHARE_PUBLIC_URL = env_str("RIGSHARE_PUBLIC_URL", "")
+# Bearer token Prometheus sends to /metrics; unset, only this machine may scrape.
+RIGSHARE_METRICS_TOKEN = env_str("RIGSHARE_METRICS_TOKEN", "")
 
 # Billing. The platform's share of every rental and metered request, in basis points.
 RIGSHARE_PLATFORM_FEE_BPS = env_int("RIGSHARE_PLATFORM_FEE_BPS", 1500, minimum=0)

@@ -17,5 +17,6 @@ urlpatterns = [
          name="api-agent-job-result"),
     path("api/", include("marketplace.api_urls")),
     path("verification/", include("verification.urls")),
+    path("", include("routing.urls")),
     path("", include("marketplace.urls")),
 ]

@@ -135,11 +135,18 @@ def _node_id(machine: Machine):
         return None
 
 
+def agent_run_args(machine: Machine) -> list[str]:
+    """`python -m agent run`'s arguments for `machine`. The simulated engines say their kind
+    and context; vLLM never says its quantization, so the agent is told, as a provider would."""
+    return ["run", "--engine-url", machine.engine_url,
+            "--simulate", machine.profile.key, "--machine-id", machine.machine_id,
+            "--credential-file", str(machine.credential_file),
+            "--quantization", machine.profile.quantization]
+
+
 async def _start_agent(machine: Machine) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent", "run", "--engine-url", machine.engine_url,
-        "--simulate", machine.profile.key, "--machine-id", machine.machine_id,
-        "--credential-file", str(machine.credential_file),
+        sys.executable, "-m", "agent", *agent_run_args(machine),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_agent_env())
 
 

@@ -157,6 +157,9 @@ class Profile:
     title: str
     engine: str  # "vllm" or "llama.cpp"
     model: str  # the id the engine's /v1/models reports
+    # The weights' format, as the agent reports it: llama-server's GGUF file type (its
+    # /v1/models says it), or for vLLM, which never says, what `fleetsim up` tells the agent.
+    quantization: str
     context_length: int  # per request: prompt + max_tokens must fit
     max_concurrency: int  # running requests; more wait in the engine's queue
     # (concurrent requests, aggregate output tok/s), ascending in concurrency.
@@ -267,6 +270,7 @@ _HONEST_PROFILES: dict[str, Profile] = {
             title="1x RTX PRO 6000 Blackwell 96 GB (vLLM)",
             engine="vllm",
             model=MODEL_27B,
+            quantization="bf16",
             # 96 GB holds the BF16 weights (~54 GB) and several full-length requests
             # (~9.3 GiB of KV each at 262,144 tokens, FACTS.md).
             context_length=262_144,
@@ -303,6 +307,7 @@ _HONEST_PROFILES: dict[str, Profile] = {
             title="2x RTX 4090 24 GB, tensor parallel (vLLM)",
             engine="vllm",
             model=MODEL_27B,
+            quantization="fp8",
             # 48 GB cannot hold BF16 weights, so FP8 (~25 GiB). The ~500k tokens of KV left are
             # shared by up to 32 requests; capping a request at 65,536 tokens keeps one long
             # prompt from evicting everyone else (24 GB cards need per-node engine settings).
@@ -339,6 +344,7 @@ _HONEST_PROFILES: dict[str, Profile] = {
             title="2x RTX 5090 32 GB, tensor parallel (vLLM)",
             engine="vllm",
             model=MODEL_27B,
+            quantization="fp8",
             # FP8 weights like the 4090 pair (BF16 would leave 64 GB too little KV room); ~900k
             # tokens of KV hold several full-length 262,144-token requests.
             context_length=262_144,
@@ -375,6 +381,7 @@ _HONEST_PROFILES: dict[str, Profile] = {
             title="1x H200 141 GB (vLLM)",
             engine="vllm",
             model=MODEL_27B,
+            quantization="bf16",
             context_length=262_144,
             max_concurrency=128,  # measured up to 128 concurrent
             throughput=_H200_TP,
@@ -411,6 +418,7 @@ _HONEST_PROFILES: dict[str, Profile] = {
             # A 4-bit (AWQ) build of the same 27B, served under the canonical name
             # (--served-model-name), so routing sees one model across the fleet.
             model=MODEL_27B,
+            quantization="awq-int4",
             # ~230k tokens of KV are left beside ~14 GiB of weights; 32,768 per request keeps
             # one long prompt from evicting everyone else (24 GB cards need per-node settings).
             context_length=32_768,
@@ -451,6 +459,7 @@ _HONEST_PROFILES: dict[str, Profile] = {
             # llama-server reports its --alias as the model id; the provider sets it to the
             # canonical name so the platform routes to it like any other worker.
             model=MODEL_27B,
+            quantization="Q4_K_M",
             # llama.cpp splits -c across its parallel slots; -c 131072 with 4 slots gives each
             # request 32,768 tokens, and the Mac's prefill makes longer prompts impractical.
             context_length=32_768,

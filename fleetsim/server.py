@@ -128,7 +128,7 @@ class EngineServer:
                 "owned_by": "llamacpp", "aliases": [p.model], "tags": [],
                 "meta": {"vocab_type": 2, "n_vocab": 151_936, "n_ctx": p.context_length,
                          "n_ctx_train": 262_144, "n_embd": 5120, "n_params": 27_000_000_000,
-                         "size": 16_500_000_000, "ftype": "Q4_K_M"},
+                         "size": 16_500_000_000, "ftype": p.quantization},
             }
         await _send_json(send, 200, {"object": "list", "data": [entry]})
 

@@ -69,6 +69,9 @@ class Node(models.Model):
     engine_url = models.CharField(max_length=256, blank=True)
     engine_reachable = models.BooleanField(default=False)
     engine_models = models.JSONField(default=list, blank=True)
+    # Per model in engine_models that the agent described: [{"id", "engine", "max_context",
+    # "quantization"}] as the heartbeat serializer validated it (docs/agent-protocol.md).
+    engine_served = models.JSONField(default=list, blank=True)
     engine_error = models.CharField(max_length=256, blank=True)
     hardware_changed_at = models.DateTimeField(null=True, blank=True)
 

@@ -31,13 +31,47 @@ class GpuReportSerializer(serializers.Serializer):
                                              required=False, default=None)
 
 
+ENGINE_KINDS = ("vllm", "llama.cpp")
+
+
+class ServedModelSerializer(serializers.Serializer):
+    """What the agent knows of one model its engine serves; "" or null where nothing said."""
+
+    id = serializers.CharField(max_length=256)
+    engine = serializers.ChoiceField(choices=ENGINE_KINDS, allow_blank=True, required=False,
+                                     default="")
+    max_context = serializers.IntegerField(min_value=1, max_value=10_000_000, allow_null=True,
+                                           required=False, default=None)
+    quantization = serializers.CharField(max_length=64, allow_blank=True, required=False,
+                                         default="")
+
+
 class EngineReportSerializer(serializers.Serializer):
     url = serializers.CharField(max_length=256, allow_blank=True)
     reachable = serializers.BooleanField()
     models = serializers.ListField(child=serializers.CharField(max_length=256), max_length=256,
                                    required=False, default=list)
+    # Absent from agents older than the field: they describe no model.
+    served = serializers.ListField(child=ServedModelSerializer(), max_length=256,
+                                   required=False, default=list)
     error = serializers.CharField(max_length=256, allow_null=True, allow_blank=True,
                                   required=False, default=None)
+
+    def validate_served(self, served):
+        ids = [model["id"] for model in served]
+        if len(ids) != len(set(ids)):
+            raise serializers.ValidationError("Each model id may appear only once.")
+        return served
+
+    def validate(self, engine):
+        # Routing reads both lists: a description of a model the engine does not list would
+        # leave them disagreeing about what the node serves.
+        listed = set(engine["models"])
+        unlisted = [model["id"] for model in engine["served"] if model["id"] not in listed]
+        if unlisted:
+            raise serializers.ValidationError(
+                {"served": [f"{unlisted[0]!r} is not in models."]})
+        return engine
 
 
 class HeartbeatSerializer(serializers.Serializer):

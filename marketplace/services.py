@@ -214,6 +214,7 @@ def node_heartbeat_record(*, node_id: int, report: dict,
     node.engine_url = engine.get("url") or ""
     node.engine_reachable = bool(engine.get("reachable"))
     node.engine_models = list(engine.get("models") or [])
+    node.engine_served = list(engine.get("served") or [])
     node.engine_error = (engine.get("error") or "")[:256]
     node.last_heartbeat_at = now
     if changed:

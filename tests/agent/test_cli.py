@@ -88,7 +88,9 @@ def test_heartbeat_carries_credential_hardware_and_models(platform, engine, cred
     assert (body["driver_version"], body["cuda_version"]) == ("560.35.03", "12.6")
     assert [(g["name"], g["memory_total_mib"]) for g in body["gpus"]] == [("NVIDIA H200", 143_771)]
     assert body["engine"] == {"url": engine.url, "reachable": True, "models": ["Qwen/Qwen3-27B"],
-                              "error": None}
+                              "error": None,
+                              "served": [{"id": "Qwen/Qwen3-27B", "engine": "",
+                                          "max_context": None, "quantization": ""}]}
     assert [r.path for r in engine.requests] == ["/v1/models"]
     assert "Heartbeat OK: node 7 online; 1 GPU(s); engine up, 1 model(s)" in capsys.readouterr().err
 

@@ -1,0 +1,42 @@
+"""The request path's only way to the database: blocking calls (key lookup, reserve, settle,
+the pool's rebuild, log batches) run on a small pool of threads, each keeping its own
+database connection, so the event loop never waits on I/O it cannot await."""
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from django.db import InterfaceError, OperationalError, connection
+
+THREADS = 16
+_EXECUTOR = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="rigshare-db")
+
+
+def _with_fresh_connection(fn, args, kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (InterfaceError, OperationalError):
+        # A connection the server closed (restart, idle timeout) fails once: reconnect and
+        # run again. Every call sent this way is idempotent (request ids, reads).
+        if connection.in_atomic_block:
+            raise
+        connection.close()
+        return fn(*args, **kwargs)
+
+
+async def run(fn, *args, **kwargs):
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_EXECUTOR, _with_fresh_connection, fn, args, kwargs)
+
+
+def close_connections() -> None:
+    """Close every pool thread's database connection (tests drop their database after)."""
+    import threading
+
+    barrier = threading.Barrier(THREADS)
+
+    def close():
+        barrier.wait(timeout=10)  # one task per thread: each closes its own connection
+        connection.close()
+
+    for future in [_EXECUTOR.submit(close) for _ in range(THREADS)]:
+        future.result()

@@ -1,0 +1,105 @@
+"""What the inference API sells (Models) and who serves it (Deployments)."""
+
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from marketplace.models import Node
+
+
+class Model(models.Model):
+    """A public model name, as API consumers ask for it. Its prices are billing.ModelPrice rows
+    under the same name (versioned by effective time); its engines are Deployments."""
+
+    name = models.CharField(max_length=200, unique=True, validators=[RegexValidator(
+        r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", "Letters, digits and . _ : / - only.")])
+    context_length = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)],
+        help_text="The longest prompt + completion advertised; a request is routed only to "
+                  "deployments whose own context holds it.")
+    description = models.CharField(max_length=300, blank=True)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class EngineModel(models.Model):
+    """An operator's mapping from an id an engine reports (e.g. `Qwen/Qwen3-27B-AWQ` on vLLM,
+    `qwen3-27b-q4_k_m` on llama.cpp) to the public model it serves: one name, many engines."""
+
+    engine_model_id = models.CharField(max_length=256, unique=True)
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="engine_models")
+
+    def __str__(self):
+        return f"{self.engine_model_id} -> {self.model}"
+
+
+class Deployment(models.Model):
+    """One engine model served by one node's engine (its cards together: a card group)."""
+
+    class Engine(models.TextChoices):
+        VLLM = "vllm", "vLLM"
+        LLAMACPP = "llama.cpp", "llama.cpp"
+        UNKNOWN = "", "unknown"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="deployments")
+    # Which public model this is comes from EngineModel (or a Model of the same name), looked
+    # up when the pool is built: the operator's mapping is the one place for that fact.
+    engine_model_id = models.CharField(max_length=256)
+    engine = models.CharField(max_length=16, choices=Engine.choices, blank=True)
+    max_context = models.PositiveIntegerField(null=True, blank=True)
+    quantization = models.CharField(max_length=64, blank=True)
+    # Still reported by the node's agent; a model the engine stopped serving stays as history.
+    reported = models.BooleanField(default=True)
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    # The platform's own health check of the engine (routing.tasks), not the agent's word.
+    healthy = models.BooleanField(default=True)
+    health_failures = models.PositiveSmallIntegerField(default=0)
+    health_checked_at = models.DateTimeField(null=True, blank=True)
+    health_error = models.CharField(max_length=256, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "engine_model_id"],
+                                               name="deployment_node_engine_model")]
+
+    def __str__(self):
+        return f"{self.engine_model_id} on node #{self.node_id}"
+
+    @property
+    def worker_ref(self) -> str:
+        return worker_ref(self.pk)
+
+
+def worker_ref(deployment_id: int) -> str:
+    """How a deployment is named in headers, metrics, charges and logs."""
+    return f"deployment:{deployment_id}"
+
+
+class RequestLog(models.Model):
+    """One /v1 request as the proxy saw it; written in batches, off the request path."""
+
+    request_id = models.CharField(max_length=100, db_index=True)
+    created_at = models.DateTimeField(db_index=True)
+    user_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+    api_key_id = models.BigIntegerField(null=True, blank=True)
+    endpoint = models.CharField(max_length=32)
+    model = models.CharField(max_length=200, blank=True)
+    deployment_id = models.BigIntegerField(null=True, blank=True)
+    stream = models.BooleanField(default=False)
+    status = models.PositiveSmallIntegerField()
+    error_code = models.CharField(max_length=64, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    estimated = models.BooleanField(default=False)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    latency_ms = models.FloatField()
+
+    def __str__(self):
+        return f"{self.request_id} {self.status}"

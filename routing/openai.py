@@ -1,0 +1,189 @@
+"""The OpenAI request and error shapes the /v1 endpoints accept and answer: pure, no I/O.
+
+Requests are checked as far as routing and billing need (model, messages or prompt, token
+bounds, streaming options); everything else passes through to the engine, which checks it
+the way it always does, and its 4xx comes back to the client.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+class ApiError(Exception):
+    """Answered as `{"error": {"message", "type", "param", "code"}}` with its HTTP status."""
+
+    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status, message, type_, param, code)
+
+    def body(self) -> dict:
+        return error_body(self.message, type_=self.type, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type_: str, param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """A checked request: what routing and billing read, and the body to send upstream."""
+
+    endpoint: str  # "chat" or "completions"
+    model: str
+    body: dict  # the client's body, as sent; max_tokens is filled in upstream when missing
+    stream: bool
+    include_usage: bool  # the client asked for the usage chunk
+    max_tokens: int | None  # None: the client left it to us
+    max_tokens_param: str  # where the client put it (max_completion_tokens or max_tokens)
+    prompt_tokens: int  # an estimate from the text (the engine's count is billed)
+
+
+def parse(raw: bytes, endpoint: str) -> InferenceRequest:
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.",
+                       code="request_too_large")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise invalid("The body must be a JSON object: we could not parse it as JSON.") from None
+    if not isinstance(body, dict):
+        raise invalid("The body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise invalid("You must provide a model parameter.", "model")
+    if endpoint == "chat":
+        prompt_bytes, parts = _messages(body.get("messages"))
+    else:
+        prompt_bytes, parts = _prompt(body.get("prompt"))
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise invalid("'stream' must be a boolean.", "stream")
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise invalid("'stream_options' is only allowed when 'stream' is true.",
+                          "stream_options")
+        if not isinstance(options, dict):
+            raise invalid("'stream_options' must be an object.", "stream_options")
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise invalid("'stream_options.include_usage' must be a boolean.",
+                          "stream_options.include_usage")
+    n = body.get("n", 1)
+    if n is not None and (not _is_int(n) or n != 1):
+        raise invalid("Only n=1 is supported.", "n")
+    param = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    max_tokens = body.get(param)
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+        raise invalid(f"'{param}' must be an integer of at least 1.", param)
+    return InferenceRequest(endpoint, model, body, stream, include_usage, max_tokens, param,
+                            prompt_tokens_estimate(prompt_bytes, parts))
+
+
+def prompt_tokens_estimate(text_bytes: int, parts: int) -> int:
+    """Generous on purpose (tokenizers average ~4 bytes of English per token): the estimate
+    sizes the hold and picks workers whose context fits; the engine's count is what is billed.
+    Each message adds its chat-template markers."""
+    return math.ceil(text_bytes / 3) + 8 * parts + 8
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _messages(messages) -> tuple[int, int]:
+    if not isinstance(messages, list) or not messages:
+        raise invalid("'messages' must be a non-empty array.", "messages")
+    size = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise invalid(f"messages[{i}] must be an object.", f"messages[{i}]")
+        role = message.get("role")
+        if role not in ROLES:
+            raise invalid(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}.",
+                          f"messages[{i}].role")
+        content = message.get("content")
+        if isinstance(content, str):
+            size += len(content.encode())
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" \
+                        or not isinstance(part.get("text"), str):
+                    raise invalid(f"messages[{i}].content[{j}] must be a text part "
+                                  "({\"type\": \"text\", \"text\": ...}).",
+                                  f"messages[{i}].content")
+                size += len(part["text"].encode())
+        elif content is None and role == "assistant" and message.get("tool_calls"):
+            size += len(json.dumps(message["tool_calls"]).encode())
+        else:
+            raise invalid(f"messages[{i}].content must be a string or an array of text parts.",
+                          f"messages[{i}].content")
+    return size, len(messages)
+
+
+def _prompt(prompt) -> tuple[int, int]:
+    if isinstance(prompt, str):
+        return len(prompt.encode()), 1
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return len(prompt[0].encode()), 1
+    if isinstance(prompt, list) and prompt:
+        raise invalid("Only one prompt per request is supported.", "prompt")
+    raise invalid("'prompt' must be a non-empty string.", "prompt")
+
+
+def upstream_body(request: InferenceRequest, *, engine_model: str, max_tokens: int) -> bytes:
+    """The body for the engine: its own model id, a completion bound (the hold covers exactly
+    it), and the usage chunk asked for on every stream, since billing reads it."""
+    body = dict(request.body)
+    body["model"] = engine_model
+    body.pop("max_completion_tokens", None)
+    body["max_tokens"] = max_tokens
+    if request.stream:
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+# What engines say when a prompt does not fit their context (vLLM, llama.cpp, llama-cpp-python).
+CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "exceed_context",
+                   "exceeds the available context", "n_ctx", "context window")
+
+
+def is_context_rejection(status: int, body: bytes) -> bool:
+    if status not in (400, 413, 422):
+        return False
+    text = body[:4096].decode("utf-8", "replace").lower()
+    return any(marker in text for marker in CONTEXT_MARKERS)
+
+
+def engine_error(status: int, body: bytes) -> ApiError:
+    """An engine's 4xx, in OpenAI's shape whatever shape it came in."""
+    message = ""
+    try:
+        data = json.loads(body)
+        err = data.get("error", data) if isinstance(data, dict) else {}
+        if isinstance(err, dict):
+            message = str(err.get("message") or err.get("detail") or "")
+        elif isinstance(err, str):
+            message = err
+        if not message and isinstance(data, dict) and "detail" in data:
+            message = json.dumps(data["detail"])[:1000]
+    except ValueError:
+        message = body[:500].decode("utf-8", "replace")
+    return ApiError(status if 400 <= status < 500 else 502,
+                    message or f"The engine refused the request (HTTP {status}).",
+                    code="engine_rejected")

@@ -1,0 +1,446 @@
+"""The streaming proxy: key -> model -> eligible workers -> pick -> reserve -> proxy -> settle.
+
+Bytes pass through as the engine sent them, cut only at event boundaries and parsed only as
+far as billing needs: the usage chunk (asked for upstream on every stream, dropped again if
+the client did not ask for it), the count of content chunks delivered (each engine streams one
+token per chunk: what a cut stream is billed for), and the model id, rewritten to the public
+name so that only the headers tell which engine answered.
+"""
+
+import asyncio
+import json
+import logging
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import httpx
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils import timezone
+
+from billing import metering
+from billing.keys import api_key_authenticate
+from routing import calls, metrics, openai, placement, requestlog
+from routing.pool import INFLIGHT, POOL
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = 120.0  # between two reads of the engine's answer, not for the whole answer
+DEFAULT_MAX_TOKENS = 1024  # when the client sets no bound (the hold must have one)
+ATTEMPTS = 2  # the first worker, then once the next one, before the first byte only
+BREAKER_FAILURES = 3  # consecutive failures that open a worker's circuit...
+BREAKER_OPEN_S = 15.0  # ...for this long; then one request may try it again
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n")
+# A chunk that carries text: a chat delta's content or a completion's text, not empty.
+_CONTENT = re.compile(rb'"(?:content|text)":\s?"(?!")')
+_rng = random.Random()
+
+
+class Breaker:
+    """Per worker, in this process: a worker that failed BREAKER_FAILURES times in a row gets
+    no traffic for BREAKER_OPEN_S, then one request at a time until one succeeds."""
+
+    def __init__(self):
+        self.failures: dict[int, int] = {}
+        self.open_until: dict[int, float] = {}
+
+    def is_open(self, deployment_id: int) -> bool:
+        return self.open_until.get(deployment_id, 0.0) > time.monotonic()
+
+    def success(self, deployment_id: int) -> None:
+        self.failures.pop(deployment_id, None)
+        self.open_until.pop(deployment_id, None)
+
+    def failure(self, deployment_id: int) -> None:
+        count = self.failures.get(deployment_id, 0) + 1
+        self.failures[deployment_id] = count
+        if count >= BREAKER_FAILURES:
+            self.open_until[deployment_id] = time.monotonic() + BREAKER_OPEN_S
+
+
+BREAKER = Breaker()
+_clients: dict = {}
+_background: set = set()
+
+
+def _client() -> httpx.AsyncClient:
+    """One connection pool per event loop (uvicorn has one; tests start several)."""
+    loop = asyncio.get_running_loop()
+    client = _clients.get(loop)
+    if client is None:
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S, pool=10.0),
+            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500,
+                                keepalive_expiry=30.0))
+        _clients[loop] = client
+    return client
+
+
+def _spawn(coro) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+@dataclass
+class Outcome:
+    """What happened to one request: the log row and the metrics come from it."""
+
+    request_id: str
+    endpoint: str
+    started: float
+    stream: bool = False
+    user_id: int | None = None
+    key_id: int | None = None
+    model: str = ""
+    worker: placement.Worker | None = None
+    status: int = 200
+    error_code: str = ""
+    attempts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    estimated: bool = False
+    ttft_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def finish(self) -> None:
+        latency = time.perf_counter() - self.started
+        metrics.observe(self, latency)
+        requestlog.add(self, latency)
+
+
+def _error(exc: openai.ApiError, outcome: Outcome) -> JsonResponse:
+    outcome.status, outcome.error_code = exc.status, exc.code or exc.type
+    outcome.finish()
+    response = JsonResponse(exc.body(), status=exc.status)
+    response["X-Request-Id"] = outcome.request_id
+    return response
+
+
+def _bearer(header: str) -> str | None:
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+async def authenticate(authorization: str):
+    token = _bearer(authorization)
+    if token is None:
+        raise openai.ApiError(401, "You didn't provide an API key: send it as "
+                              "'Authorization: Bearer rs_...'.", code="missing_api_key")
+    key = await calls.run(api_key_authenticate, token)
+    if key is None:
+        raise openai.ApiError(401, "Incorrect API key provided, or the key was revoked.",
+                              code="invalid_api_key")
+    return key
+
+
+async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpResponse:
+    outcome = Outcome(request_id=f"req-{uuid.uuid4().hex}", endpoint=endpoint,
+                      started=time.perf_counter())
+    try:
+        key = await authenticate(authorization)
+        outcome.user_id, outcome.key_id = key.user_id, key.key_id
+        request = openai.parse(raw, endpoint)
+        outcome.stream, outcome.model = request.stream, request.model
+        snap = await POOL.current()
+        model = snap.models.get(request.model)
+        if model is None:
+            raise openai.ApiError(404, f"The model '{request.model}' does not exist.",
+                                  param="model", code="model_not_found")
+        now = timezone.now()
+        price = model.price_at(now)
+        if price is None:
+            raise openai.ApiError(404, f"The model '{request.model}' has no price yet.",
+                                  param="model", code="model_not_found")
+        room = model.context_length - request.prompt_tokens
+        max_tokens = request.max_tokens or max(1, min(DEFAULT_MAX_TOKENS, room))
+        found = placement.eligible(snap.workers.get(model.name, ()), user_id=key.user_id,
+                                   context_needed=request.prompt_tokens + max_tokens,
+                                   model_context=model.context_length,
+                                   is_open=BREAKER.is_open)
+        if isinstance(found, placement.Refusal):
+            raise openai.ApiError(found.status, found.message, code=found.code,
+                                  type_="invalid_request_error" if found.status < 500
+                                  else "server_error")
+        candidates = placement.order(found, _rng, ATTEMPTS)
+        max_cost = metering.max_cost_micros(price, prompt_tokens=request.prompt_tokens,
+                                            max_tokens=max_tokens)
+        try:
+            hold = await calls.run(
+                metering.reserve, key=key, model=model.name, price=price, max_cost=max_cost,
+                request_id=outcome.request_id, tokens=request.prompt_tokens + max_tokens,
+                now=now)
+        except metering.MeteringError as exc:
+            raise openai.ApiError(exc.status, exc.message, type_=exc.type,
+                                  code=exc.code) from None
+    except openai.ApiError as exc:
+        return _error(exc, outcome)
+    return await _proxy(request, model.name, max_tokens, candidates, hold, outcome,
+                        snap.version)
+
+
+def _headers(response: HttpResponse, worker: placement.Worker, outcome: Outcome,
+             version: str) -> HttpResponse:
+    response["X-Request-Id"] = outcome.request_id
+    response["X-Rigshare-Worker"] = worker.ref
+    response["X-Rigshare-Engine"] = worker.engine or "unknown"
+    response["X-Rigshare-Quantization"] = worker.quantization or "unknown"
+    response["X-Rigshare-Pool-Version"] = version
+    return response
+
+
+class _Retry(Exception):
+    """The worker failed before sending anything: the next one may try."""
+
+
+async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens: int,
+                 candidates: list, hold: metering.HoldInfo, outcome: Outcome,
+                 version: str) -> HttpResponse:
+    last_error = openai.ApiError(503, "No worker could take this request; retry shortly.",
+                                 type_="server_error", code="no_capacity")
+    for worker in candidates:
+        outcome.attempts += 1
+        outcome.worker = worker
+        body = openai.upstream_body(request, engine_model=worker.engine_model,
+                                    max_tokens=max_tokens)
+        path = "/v1/chat/completions" if request.endpoint == "chat" else "/v1/completions"
+        INFLIGHT[worker.deployment_id] += 1
+        handed_over = False
+        try:
+            if request.stream:
+                response = await _open_stream(worker, path, body, request, public_model,
+                                              hold, outcome)
+                handed_over = True  # the stream's own finally gives the slot back
+                return _headers(response, worker, outcome, version)
+            response = await _call_once(worker, path, body, public_model, hold, request,
+                                        outcome)
+            return _headers(response, worker, outcome, version)
+        except _Retry as retry:
+            last_error = retry.args[0]
+        except openai.ApiError as exc:  # the engine refused the request itself (4xx)
+            await _release(hold)
+            return _error(exc, outcome)
+        except BaseException:
+            # Cancelled (the client left) or a bug: nothing was delivered, but the engine
+            # may have read the prompt; bill it, as a cut stream is.
+            outcome.status, outcome.error_code = 499, "client_disconnected"
+            _spawn(_settle(hold, metering.Usage(request.prompt_tokens, 0, estimated=True),
+                           worker, outcome, finish=True))
+            raise
+        finally:
+            if not handed_over:
+                _slot_free(worker)
+    await _release(hold)
+    return _error(last_error, outcome)
+
+
+def _slot_free(worker: placement.Worker) -> None:
+    INFLIGHT[worker.deployment_id] -= 1
+    if INFLIGHT[worker.deployment_id] <= 0:
+        del INFLIGHT[worker.deployment_id]
+
+
+def _upstream_failed(worker: placement.Worker, message: str) -> _Retry:
+    BREAKER.failure(worker.deployment_id)
+    return _Retry(openai.ApiError(502, message, type_="server_error", code="upstream_error"))
+
+
+async def _call_once(worker, path, body, public_model, hold, request, outcome) -> HttpResponse:
+    try:
+        resp = await _client().post(worker.url + path, content=body,
+                                    headers={"content-type": "application/json"})
+    except httpx.HTTPError as exc:
+        raise _upstream_failed(worker, f"The worker could not be reached "
+                               f"({type(exc).__name__}).") from None
+    _check_status(worker, resp.status_code, resp.content)
+    BREAKER.success(worker.deployment_id)
+    outcome.ttft_s = time.perf_counter() - outcome.started
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        await _settle(hold, metering.Usage(request.prompt_tokens, 0, estimated=True), worker,
+                      outcome)
+        raise openai.ApiError(502, "The worker answered with a body that is not JSON.",
+                              type_="server_error", code="upstream_error")
+    data["model"] = public_model
+    usage = data.get("usage")
+    try:
+        billed = metering.Usage(int(usage["prompt_tokens"]), int(usage["completion_tokens"]))
+    except (KeyError, TypeError, ValueError):
+        # An answer without usage numbers: the prompt as estimated, marked estimated.
+        billed = metering.Usage(request.prompt_tokens, 0, estimated=True)
+    await _settle(hold, billed, worker, outcome)
+    outcome.finish()
+    return JsonResponse(data)
+
+
+def _check_status(worker, status: int, content: bytes) -> None:
+    if status == 200:
+        return
+    if status >= 500 or status == 429:
+        raise _upstream_failed(worker, f"The worker answered HTTP {status}.")
+    if openai.is_context_rejection(status, content):
+        # Our estimate fitted, the engine's count did not: another worker may hold it.
+        raise _Retry(openai.ApiError(400, openai.engine_error(status, content).message,
+                                     code="context_length_exceeded"))
+    raise openai.engine_error(status, content)
+
+
+@dataclass
+class _StreamState:
+    include_usage: bool
+    model_from: tuple[bytes, bytes]
+    model_to: tuple[bytes, bytes]
+    buf: bytes = b""
+    delivered: int = 0
+    usage: dict | None = None
+    done: bool = False
+
+    def feed(self, data: bytes) -> bytes:
+        self.buf += data
+        out = []
+        while True:
+            end = _EVENT_END.search(self.buf)
+            if end is None:
+                break
+            event, self.buf = self.buf[:end.end()], self.buf[end.end():]
+            event = self._event(event)
+            if event:
+                out.append(event)
+        return b"".join(out)
+
+    def _event(self, event: bytes) -> bytes:
+        if event.startswith(b"data: [DONE]"):
+            self.done = True
+            return event
+        if b'"choices":[]' in event or b'"choices": []' in event:
+            # The usage chunk (the only one with no choices).
+            try:
+                usage = json.loads(event[event.index(b"{"):]).get("usage")
+            except ValueError:
+                usage = None
+            if usage:
+                self.usage = usage
+                if not self.include_usage:
+                    return b""
+        elif _CONTENT.search(event):
+            self.delivered += 1
+        for old, new in zip(self.model_from, self.model_to, strict=True):
+            event = event.replace(old, new, 1)
+        return event
+
+
+def _model_patterns(name: str) -> tuple[bytes, bytes]:
+    quoted = json.dumps(name).encode()
+    return b'"model":' + quoted, b'"model": ' + quoted
+
+
+async def _open_stream(worker, path, body, request, public_model, hold, outcome):
+    client = _client()
+    upstream = client.build_request("POST", worker.url + path, content=body,
+                                    headers={"content-type": "application/json",
+                                             "accept": "text/event-stream"})
+    try:
+        resp = await client.send(upstream, stream=True)
+    except httpx.HTTPError as exc:
+        raise _upstream_failed(worker, f"The worker could not be reached "
+                               f"({type(exc).__name__}).") from None
+    state = _StreamState(request.include_usage, _model_patterns(worker.engine_model),
+                         _model_patterns(public_model))
+    chunks = resp.aiter_raw()
+    try:
+        if resp.status_code != 200:
+            content = await resp.aread()
+            _check_status(worker, resp.status_code, content)
+        first = b""
+        while not first:  # up to the first whole event: until then, a retry is still possible
+            try:
+                data = await anext(chunks)
+            except StopAsyncIteration:
+                raise _upstream_failed(worker, "The worker closed the stream before answering.") \
+                    from None
+            except httpx.HTTPError as exc:
+                raise _upstream_failed(worker, f"The worker failed before answering "
+                                       f"({type(exc).__name__}).") from None
+            first = state.feed(data)
+    except BaseException:
+        await resp.aclose()
+        raise
+    BREAKER.success(worker.deployment_id)
+    outcome.ttft_s = time.perf_counter() - outcome.started
+    return StreamingHttpResponse(_relay(first, chunks, resp, state, worker, hold, request,
+                                        outcome),
+                                 content_type="text/event-stream; charset=utf-8",
+                                 headers={"Cache-Control": "no-cache",
+                                          "X-Accel-Buffering": "no"})
+
+
+async def _relay(first, chunks, resp, state: _StreamState, worker, hold, request, outcome):
+    try:
+        yield first
+        try:
+            async for data in chunks:
+                out = state.feed(data)
+                if out:
+                    yield out
+            if not state.done:
+                raise httpx.RemoteProtocolError("the stream ended without [DONE]")
+        except httpx.HTTPError as exc:
+            # After the first byte there is no retry: tell the client, bill what it got.
+            BREAKER.failure(worker.deployment_id)
+            outcome.status, outcome.error_code = 502, "upstream_disconnected"
+            log.warning("worker %s failed mid-stream: %s", worker.ref, exc)
+            error = openai.error_body(
+                f"The worker stopped mid-stream ({type(exc).__name__}); you are billed only "
+                "for the tokens delivered.", type_="server_error",
+                code="upstream_disconnected")
+            yield b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
+    finally:
+        # Also on cancellation (the client left): closing the response drops the upstream
+        # connection, which is how an engine learns to stop generating.
+        _slot_free(worker)
+        _spawn(_finish_stream(resp, state, worker, hold, request, outcome))
+
+
+async def _finish_stream(resp, state: _StreamState, worker, hold, request, outcome):
+    await resp.aclose()
+    if state.usage and outcome.status == 200:
+        usage = metering.Usage(int(state.usage.get("prompt_tokens") or 0),
+                               int(state.usage.get("completion_tokens") or 0))
+    else:
+        # No usage numbers (the engine sends none, or the stream was cut): the prompt as
+        # estimated and the content chunks delivered, marked estimated. Never 0.
+        prompt = int((state.usage or {}).get("prompt_tokens") or request.prompt_tokens)
+        usage = metering.Usage(prompt, state.delivered, estimated=True)
+    if outcome.status == 200 and not state.done:
+        outcome.status, outcome.error_code = 499, "client_disconnected"
+    await _settle(hold, usage, worker, outcome, finish=True)
+
+
+async def _settle(hold, usage: metering.Usage, worker: placement.Worker, outcome: Outcome,
+                  finish: bool = False):
+    outcome.prompt_tokens, outcome.completion_tokens = usage.prompt_tokens, \
+        usage.completion_tokens
+    outcome.estimated = usage.estimated
+    try:
+        await calls.run(metering.settle, hold=hold, usage=usage,
+                        worker=metering.Worker(worker.provider_id, worker.ref))
+    except Exception:
+        # The hold stays pending and expires into a release: the consumer is not charged
+        # twice or for nothing, and the failure is loud.
+        log.exception("settle failed for %s", hold.request_id)
+    if finish:
+        outcome.finish()
+
+
+async def _release(hold) -> None:
+    try:
+        await calls.run(metering.release, request_id=hold.request_id)
+    except Exception:
+        log.exception("release failed for %s", hold.request_id)

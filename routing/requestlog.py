@@ -1,0 +1,81 @@
+"""Request log rows, written off the request path: outcomes are buffered in memory and a task
+on the event loop writes them in one INSERT per batch (every FLUSH_S, or sooner when BATCH
+rows wait). A crash loses at most the last FLUSH_S of log rows, never money: charges are
+written by settle itself."""
+
+import asyncio
+import logging
+from datetime import timedelta
+
+from django.utils import timezone
+
+from routing.models import RequestLog
+
+log = logging.getLogger(__name__)
+
+FLUSH_S = 1.0
+BATCH = 500
+MAX_BUFFERED = 50_000  # a database that stays away must not eat the process's memory
+
+_rows: list[RequestLog] = []
+_wake: dict = {}  # event loop -> (Event, flusher task)
+dropped = 0
+writing = 0  # batches taken from the buffer and not yet written
+
+
+def add(outcome, latency_s: float) -> None:
+    global dropped
+    if len(_rows) >= MAX_BUFFERED:
+        dropped += 1
+        return
+    now = timezone.now()
+    _rows.append(RequestLog(
+        request_id=outcome.request_id, created_at=now - timedelta(seconds=latency_s),
+        user_id=outcome.user_id, api_key_id=outcome.key_id, endpoint=outcome.endpoint,
+        model=outcome.model[:200],
+        deployment_id=outcome.worker.deployment_id if outcome.worker else None,
+        stream=outcome.stream, status=outcome.status, error_code=outcome.error_code[:64],
+        attempts=outcome.attempts, prompt_tokens=outcome.prompt_tokens,
+        completion_tokens=outcome.completion_tokens, estimated=outcome.estimated,
+        ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 3),
+        latency_ms=round(latency_s * 1000, 3)))
+    loop = asyncio.get_running_loop()
+    wake = _wake.get(loop)
+    if wake is None or wake[1].done():
+        event = asyncio.Event()
+        wake = _wake[loop] = (event, loop.create_task(_flusher(event)))
+    if len(_rows) >= BATCH:
+        wake[0].set()
+
+
+def write(rows: list[RequestLog]) -> None:
+    RequestLog.objects.bulk_create(rows, batch_size=BATCH)
+
+
+async def flush() -> int:
+    from routing import calls
+
+    global writing
+    if not _rows:
+        return 0
+    batch = _rows[:]
+    del _rows[:len(batch)]
+    writing += 1
+    try:
+        await calls.run(write, batch)
+    except Exception:
+        log.exception("request log: %d rows not written", len(batch))
+        return 0
+    finally:
+        writing -= 1
+    return len(batch)
+
+
+async def _flusher(event: asyncio.Event) -> None:
+    while True:
+        try:
+            await asyncio.wait_for(event.wait(), FLUSH_S)
+        except TimeoutError:
+            pass
+        event.clear()
+        await flush()

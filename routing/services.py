@@ -1,0 +1,95 @@
+"""Writes of the routing app: deployments from what agents report, and the platform's own
+health check of every engine."""
+
+import asyncio
+from datetime import datetime, timedelta
+
+import httpx
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from marketplace.models import Node
+from routing.models import Deployment
+
+HEALTH_TIMEOUT_S = 3.0
+UNHEALTHY_AFTER = 2  # failed checks in a row before a deployment leaves the pool
+SEEN_EVERY = timedelta(minutes=1)  # last_seen_at is refreshed this often, not every beat
+
+
+def _served(node: Node) -> list[dict]:
+    """What the node's engine serves: the agent's description of each model where it sent one
+    (`served`), and the bare id, with nothing known about it, where it did not (an agent older
+    than `served`)."""
+    described = {item["id"]: item for item in node.engine_served}
+    return [described.get(i) or {"id": i, "engine": "", "max_context": None,
+                                 "quantization": ""} for i in node.engine_models]
+
+
+@transaction.atomic
+def deployments_sync(*, node_id: int, now: datetime | None = None) -> list[int]:
+    """Match the node's deployments to its latest heartbeat; returns the ids it serves."""
+    now = now or timezone.now()
+    node = Node.objects.get(pk=node_id)
+    served = {item["id"]: item for item in _served(node)} if node.engine_reachable else {}
+    existing = {d.engine_model_id: d for d in Deployment.objects.filter(node_id=node_id)}
+    ids = []
+    for engine_model_id, item in served.items():
+        facts = {"engine": item.get("engine") or "", "max_context": item.get("max_context"),
+                 "quantization": item.get("quantization") or ""}
+        row = existing.get(engine_model_id)
+        if row is None:
+            row = Deployment.objects.create(node_id=node_id, engine_model_id=engine_model_id,
+                                            first_seen_at=now, last_seen_at=now, **facts)
+        elif (not row.reported or now - row.last_seen_at >= SEEN_EVERY
+              or any(getattr(row, k) != v for k, v in facts.items())):
+            for name, value in facts.items():
+                setattr(row, name, value)
+            row.reported, row.last_seen_at = True, now
+            row.save()
+        ids.append(row.pk)
+    gone = [d.pk for key, d in existing.items() if key not in served and d.reported]
+    if gone:
+        Deployment.objects.filter(pk__in=gone).update(reported=False)
+    return ids
+
+
+async def _check(client: httpx.AsyncClient, url: str) -> str:
+    """'' when the engine answers its health route, else why not."""
+    base = url.rstrip("/")
+    try:
+        response = await client.get(f"{base}/health", timeout=HEALTH_TIMEOUT_S)
+        if response.status_code == 404:  # llama-cpp-python's server has no /health
+            response = await client.get(f"{base}/v1/models", timeout=HEALTH_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}"[:256]
+    if response.status_code == 200:
+        return ""
+    return f"GET {response.request.url.path} answered {response.status_code}"
+
+
+async def _check_all(urls: dict[int, str]) -> dict[int, str]:
+    async with httpx.AsyncClient() as client:
+        results = await asyncio.gather(*(_check(client, url) for url in urls.values()))
+    return dict(zip(urls, results, strict=True))
+
+
+def deployments_check_health(*, now: datetime | None = None) -> dict[int, str]:
+    """Ask every online node's engine whether it is up, from the platform's side (the agent's
+    word is not enough: a provider's network may let the agent out and nobody in). A node's
+    deployments leave the pool after UNHEALTHY_AFTER failures in a row, and come back at the
+    first success."""
+    now = now or timezone.now()
+    urls = dict(Node.objects.filter(status=Node.Status.ONLINE, deployments__reported=True)
+                .exclude(engine_url="").values_list("pk", "engine_url").distinct())
+    results = asyncio.run(_check_all(urls)) if urls else {}
+    for node_id, error in results.items():
+        rows = Deployment.objects.filter(node_id=node_id, reported=True)
+        if not error:
+            rows.update(healthy=True, health_failures=0, health_checked_at=now,
+                        health_error="")
+        else:
+            rows.update(health_failures=F("health_failures") + 1, health_checked_at=now,
+                        health_error=error)
+            rows.filter(health_failures__gte=UNHEALTHY_AFTER).update(healthy=False)
+    return results

@@ -1,0 +1,8 @@
+from celery import shared_task
+
+from routing import services
+
+
+@shared_task
+def deployments_check_health():
+    return len(services.deployments_check_health())

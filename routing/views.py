@@ -1,0 +1,79 @@
+"""/v1: OpenAI-compatible endpoints (async views under uvicorn; no ORM on the request path)."""
+
+import ipaddress
+
+from django.conf import settings
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from routing import metrics, openai, proxy
+from routing.pool import POOL
+
+POOL.listeners.append(metrics.pool_changed)
+
+
+def _method_not_allowed(request, allowed: str) -> JsonResponse:
+    body = openai.error_body(f"Method {request.method} is not allowed here; use {allowed}.",
+                             type_="invalid_request_error", code="method_not_allowed")
+    response = JsonResponse(body, status=405)
+    response["Allow"] = allowed
+    return response
+
+
+@csrf_exempt
+async def models(request):
+    if request.method != "GET":
+        return _method_not_allowed(request, "GET")
+    try:
+        await proxy.authenticate(request.headers.get("Authorization", ""))
+    except openai.ApiError as exc:
+        return JsonResponse(exc.body(), status=exc.status)
+    snap = await POOL.current()
+    data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "rigshare",
+             "context_length": m.context_length,
+             "available": bool(snap.workers.get(m.name))}
+            for m in snap.models.values() if m.prices]
+    return JsonResponse({"object": "list", "data": data})
+
+
+@csrf_exempt
+async def chat_completions(request):
+    if request.method != "POST":
+        return _method_not_allowed(request, "POST")
+    return await proxy.handle(endpoint="chat", raw=request.body,
+                              authorization=request.headers.get("Authorization", ""))
+
+
+@csrf_exempt
+async def completions(request):
+    if request.method != "POST":
+        return _method_not_allowed(request, "POST")
+    return await proxy.handle(endpoint="completions", raw=request.body,
+                              authorization=request.headers.get("Authorization", ""))
+
+
+async def not_found(request, rest=""):
+    body = openai.error_body(f"Unknown endpoint: {request.method} {request.path}.",
+                             type_="invalid_request_error", code="unknown_url")
+    return JsonResponse(body, status=404)
+
+
+def _may_scrape(request) -> bool:
+    token = settings.RIGSHARE_METRICS_TOKEN
+    if token:
+        import hmac
+
+        sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        return hmac.compare_digest(sent.encode(), token.encode())
+    try:  # no token configured: only from this machine
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+    except ValueError:
+        return False
+
+
+async def prometheus(request):
+    if not _may_scrape(request):
+        return HttpResponse("Forbidden: set RIGSHARE_METRICS_TOKEN and send it as a bearer "
+                            "token.\n", status=403, content_type="text/plain")
+    await POOL.current()
+    return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4")

@@ -1,0 +1,195 @@
+"""What goes wrong between the proxy and a worker: before the first byte (retry on the next
+worker), after it (an error event, billed for what was delivered), and a client that leaves."""
+
+import json
+import time
+
+import httpx
+import pytest
+
+from billing.models import Charge, Hold
+from fleetsim.server import ServerThread
+from routing import proxy
+from routing.models import RequestLog
+from tests.routing.conftest import MODEL
+from tests.routing.test_api import CHAT, post, sdk
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class _First:
+    """An rng that always draws the first candidate: deployments are listed by id."""
+
+    def random(self):
+        return 0.0
+
+
+@pytest.fixture
+def first_wins(monkeypatch):
+    monkeypatch.setattr(proxy, "_rng", _First())
+
+
+def events(response: httpx.Response) -> list:
+    out = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line.removeprefix("data: ")
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_worker_dying_mid_stream_ends_with_an_error_event_and_bills_what_was_delivered(
+        v1, engine, deploy, carol_key, settled):
+    deployment = deploy(engine(die_after_tokens=5))
+    with httpx.stream("POST", v1 + "/chat/completions", timeout=30,
+                      headers={"Authorization": f"Bearer {carol_key}"},
+                      json={"model": MODEL, "messages": CHAT, "max_tokens": 50,
+                            "stream": True}) as response:
+        assert response.status_code == 200
+        got = events(response)
+    assert got[-1] == "[DONE]"
+    assert got[-2]["error"]["code"] == "upstream_disconnected"
+    content = [e for e in got[:-2] if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert len(content) == 5
+    settled()
+    charge = Charge.objects.get()
+    assert (charge.completion_tokens, charge.estimated) == (5, True)
+    assert charge.prompt_tokens > 0  # the prompt is billed as estimated, never 0
+    assert charge.worker == f"deployment:{deployment.pk}"
+    assert RequestLog.objects.get().error_code == "upstream_disconnected"
+
+
+def test_the_sdk_sees_a_mid_stream_death_as_an_error(v1, engine, deploy, carol_key, settled):
+    import openai
+
+    deploy(engine(die_after_tokens=3))
+    stream = sdk(v1, carol_key).chat.completions.create(model=MODEL, messages=CHAT,
+                                                        max_tokens=40, stream=True)
+    with pytest.raises(openai.APIError, match="stopped mid-stream"):
+        for _ in stream:
+            pass
+    settled()
+    assert Charge.objects.get().completion_tokens == 3
+
+
+def test_client_leaving_mid_stream_stops_the_worker_and_is_billed_for_what_it_got(
+        v1, engine, deploy, carol_key, settled):
+    url = engine("rtx-pro-6000", time_scale=1)  # ~100 tok/s: plenty left when the client goes
+    deploy(url)
+    received = 0
+    with httpx.stream("POST", v1 + "/chat/completions", timeout=30,
+                      headers={"Authorization": f"Bearer {carol_key}"},
+                      json={"model": MODEL, "messages": CHAT, "max_tokens": 2000,
+                            "stream": True}) as response:
+        for line in response.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                received += 1
+            if received == 3:
+                break
+    settled()
+    charge = Charge.objects.get()
+    assert charge.estimated and 3 <= charge.completion_tokens < 100
+    assert RequestLog.objects.get().status == 499
+    # The engine was told: its request stopped running.
+    deadline = time.monotonic() + 5
+    while "vllm:num_requests_running{" in (text := httpx.get(url + "/metrics").text) and \
+            _running(text) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running(text) == 0
+
+
+def _running(metrics: str) -> float:
+    for line in metrics.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no vllm:num_requests_running in the engine's metrics")
+
+
+def test_unreachable_worker_is_retried_on_the_next_then_left_alone(v1, engine, deploy,
+                                                                   carol_key, first_wins,
+                                                                   settled):
+    dead = deploy("http://127.0.0.1:9")  # nothing listens there
+    alive = deploy(engine())
+    for _ in range(proxy.BREAKER_FAILURES + 1):
+        response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5})
+        assert response.status_code == 200, response.text
+        assert response.headers["x-rigshare-worker"] == f"deployment:{alive.pk}"
+    settled()
+    attempts = list(RequestLog.objects.order_by("created_at").values_list("attempts", flat=True))
+    # Three failures open the dead worker's circuit: the fourth request goes straight on.
+    assert attempts == [2, 2, 2, 1]
+    assert proxy.BREAKER.is_open(dead.pk)
+    assert Charge.objects.count() == 4 and not Hold.objects.filter(status="pending").exists()
+
+
+async def _fails(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"error": "overloaded"}'})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_5xx_before_the_first_byte_is_retried(v1, engine, deploy, carol_key, first_wins,
+                                              stream, settled):
+    with ServerThread(_fails) as failing:
+        deploy(failing.url)
+        alive = deploy(engine())
+        response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5,
+                                        "stream": stream})
+        assert response.status_code == 200
+        assert response.headers["x-rigshare-worker"] == f"deployment:{alive.pk}"
+        settled()
+    assert Charge.objects.get().completion_tokens == 5
+
+
+def test_both_workers_failing_is_502_and_the_hold_goes_back(v1, deploy, carol_key,
+                                                            settled):
+    deploy("http://127.0.0.1:9")
+    deploy("http://127.0.0.1:11")
+    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5})
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_error"
+    settled()
+    assert Hold.objects.get().status == "released" and not Charge.objects.exists()
+
+
+def test_context_rejection_by_the_engine_is_retried_on_a_worker_that_holds_it(
+        v1, engine, deploy, carol_key, first_wins, settled):
+    # The first claims more context than its engine really has (32,768).
+    deploy(engine("rtx-4090", time_scale=400), max_context=262_144)
+    big = deploy(engine("rtx-pro-6000", time_scale=400))
+    long = [{"role": "user", "content": "word " * 10_000}]
+    response = post(v1, carol_key, {"model": MODEL, "messages": long, "max_tokens": 23_000})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-rigshare-worker"] == f"deployment:{big.pk}"
+    settled()
+    assert RequestLog.objects.get().attempts == 2
+
+
+async def _refuses(scope, receive, send):
+    """vLLM's answer to a request it will not run (its error shape, not OpenAI's)."""
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps({
+        "object": "error", "message": "temperature must be non-negative, got -1.0.",
+        "type": "BadRequestError", "param": None, "code": 400}).encode()})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_refusing_the_request_itself_passes_its_error_and_bills_nothing(
+        v1, deploy, carol_key, stream, settled):
+    with ServerThread(_refuses) as refusing:
+        deploy(refusing.url)
+        response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5,
+                                        "temperature": -1, "stream": stream})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["message"] == "temperature must be non-negative, got -1.0."
+        settled()
+    assert Hold.objects.get().status == "released" and not Charge.objects.exists()
+    assert not proxy.BREAKER.failures  # the client's mistake is not the worker's failure

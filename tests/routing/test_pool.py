@@ -1,0 +1,194 @@
+"""The pool snapshot: who may take traffic, from the database's facts."""
+
+import asyncio
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from marketplace.models import Card, Node
+from routing import pool, services
+from routing.models import Deployment, EngineModel, Model
+from tests.factories import NodeFactory, RentalFactory
+from tests.routing.conftest import MODEL
+from tests.routing.test_api import CHAT, post
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def workers(snapshot) -> list[int]:
+    return sorted(w.deployment_id for w in snapshot.workers.get(MODEL, ()))
+
+
+def test_snapshot_holds_healthy_mapped_deployments_with_verified_capacity(deploy, model):
+    good = deploy("http://a", "2x-rtx-4090")
+    offline = deploy("http://b")
+    Node.objects.filter(pk=offline.node_id).update(status=Node.Status.OFFLINE)
+    unhealthy = deploy("http://c")
+    Deployment.objects.filter(pk=unhealthy.pk).update(healthy=False)
+    gone = deploy("http://d")
+    Deployment.objects.filter(pk=gone.pk).update(reported=False)
+    unmapped = deploy("http://e", engine_model="some/other-model")
+    same_name = deploy("http://f", engine_model=MODEL)  # an engine id equal to a public name
+    snap = pool.build()
+    assert workers(snap) == sorted([good.pk, same_name.pk])
+    entry = next(w for w in snap.workers[MODEL] if w.deployment_id == good.pk)
+    # Two cards of 217.5 each: the engine's capacity is their sum.
+    assert (entry.capacity_tps, entry.verified, entry.renter_id) == (435.0, True, None)
+    assert unmapped.pk not in workers(snap)
+    EngineModel.objects.create(engine_model_id="some/other-model", model=model)
+    assert unmapped.pk in workers(pool.build())
+
+
+def test_version_is_the_content_not_the_moment(deploy):
+    deploy("http://a")
+    first, again = pool.build(generation=1), pool.build(generation=2)
+    assert first.version == again.version and first.generation != again.generation
+    deploy("http://b")
+    assert pool.build().version != first.version
+
+
+def test_flagged_cards_and_rentals_show_in_the_snapshot(deploy, alice):
+    flagged = deploy("http://a")
+    Card.objects.filter(node_id=flagged.node_id).update(
+        verification_status=Card.Verification.FLAGGED)
+    rented = deploy("http://b")
+    RentalFactory(card=Card.objects.get(node_id=rented.node_id), renter=alice)
+    by_id = {w.deployment_id: w for w in pool.build().workers[MODEL]}
+    assert by_id[flagged.pk].verified is False
+    assert by_id[rented.pk].renter_id == alice.pk
+
+
+def test_a_rented_card_answers_only_its_renters_keys(v1, engine, deploy, carol, carol_key,
+                                                     mallory, fund):
+    from billing.keys import api_key_create
+
+    deployment = deploy(engine())
+    RentalFactory(card=Card.objects.get(node_id=deployment.node_id), renter=carol)
+    pool.POOL.invalidate()
+    fund(mallory, 10_000_000)
+    _, other_key = api_key_create(user=mallory, name="other")
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 5}
+    assert post(v1, carol_key, body).status_code == 200
+    refused = post(v1, other_key, body)
+    assert (refused.status_code, refused.json()["error"]["code"]) == (503, "no_capacity")
+
+
+def test_unverified_worker_gets_no_shared_traffic(v1, engine, deploy, carol_key):
+    deploy(engine(), verified=False)
+    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5})
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "no_capacity")
+
+
+def test_load_is_shared_between_processes_through_redis(settings):
+    pool.INFLIGHT.clear()
+    pool.INFLIGHT[7] = 3
+    mine = pool.load_exchange(dict(pool.INFLIGHT))
+    assert mine[7] >= 3
+    # Another process's counts, as it publishes them.
+    r = pool._redis()
+    r.hset("rigshare:routing:load:other", mapping={"7": 2, "_": 0})
+    r.expire("rigshare:routing:load:other", 10)
+    r.sadd("rigshare:routing:procs", "other")
+    assert pool.load_exchange(dict(pool.INFLIGHT))[7] == mine[7] + 2
+    r.delete("rigshare:routing:load:other")  # gone: forgotten on the next exchange
+    assert pool.load_exchange(dict(pool.INFLIGHT))[7] == mine[7]
+    pool.INFLIGHT.clear()
+
+
+def test_the_pool_refreshes_itself_on_the_event_loop(deploy):
+    calls = []
+
+    def builder(generation):
+        calls.append(generation)
+        return pool.build(generation)
+
+    holder = pool.Pool(builder=builder, refresh_s=0.05)
+
+    async def run():
+        first = await holder.current()
+        await asyncio.sleep(0.3)
+        return first, holder.snapshot
+
+    first, later = asyncio.run(run())
+    assert later.generation > first.generation and len(calls) >= 3
+
+
+# --- from the agents' reports, and the platform's own health check ---
+
+def test_heartbeats_create_and_retire_deployments(api, bob):
+    from tests.marketplace.test_agent_api import beat, enroll, report
+
+    enrolled = enroll(api, bob)
+    served = {"id": "Qwen/Qwen3-27B", "engine": "vllm", "max_context": 65_536,
+              "quantization": "awq-int4"}
+    engine = {"url": "http://127.0.0.1:8000", "reachable": True, "models": [served["id"]],
+              "error": None, "served": [served]}
+    assert beat(api, enrolled["credential"], report(engine=engine)).status_code == 200
+    row = Deployment.objects.get()
+    assert (row.node_id, row.engine, row.max_context, row.quantization, row.reported) == (
+        enrolled["node_id"], "vllm", 65_536, "awq-int4", True)
+    engine |= {"models": [], "served": []}
+    beat(api, enrolled["credential"], report(engine=engine))
+    assert Deployment.objects.get().reported is False
+    engine |= {"models": [served["id"]], "served": [served]}
+    beat(api, enrolled["credential"], report(engine=engine))
+    assert Deployment.objects.get().reported is True and Deployment.objects.count() == 1
+
+
+def test_an_old_agent_reporting_ids_only_still_makes_deployments(bob):
+    node = NodeFactory(owner=bob, engine_url="http://x", engine_reachable=True,
+                       engine_models=["m1"], engine_served=[])
+    services.deployments_sync(node_id=node.pk)
+    row = Deployment.objects.get()
+    assert (row.engine_model_id, row.engine, row.max_context) == ("m1", "", None)
+
+
+def test_health_check_takes_a_dead_engine_out_and_brings_it_back(engine, deploy):
+    alive = deploy(engine())
+    dead = deploy("http://127.0.0.1:9")
+    now = timezone.now()
+    for _ in range(services.UNHEALTHY_AFTER):
+        results = services.deployments_check_health(now=now)
+    assert results[alive.node_id] == "" and results[dead.node_id]
+    alive.refresh_from_db()
+    dead.refresh_from_db()
+    assert alive.healthy and not dead.healthy and dead.health_failures == 2
+    assert workers(pool.build()) == [alive.pk]
+    Node.objects.filter(pk=dead.node_id).update(engine_url=alive.node.engine_url)
+    services.deployments_check_health()
+    dead.refresh_from_db()
+    assert dead.healthy and dead.health_failures == 0
+
+
+def test_metrics_count_requests_tokens_and_the_pool(v1, engine, deploy, carol_key, settled,
+                                                    settings):
+    deployment = deploy(engine())
+    assert post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 7}
+                ).status_code == 200
+    settled()
+    base = v1.removesuffix("/v1")
+    text = httpx.get(base + "/metrics").text  # from this machine: allowed without a token
+    ref = f'worker="deployment:{deployment.pk}"'
+    assert any(line.startswith("rigshare_requests_total{") and ref in line
+               and 'status="200"' in line and line.endswith(" 1.0")
+               for line in text.splitlines())
+    assert any(line.startswith("rigshare_tokens_total{") and 'kind="completion"' in line
+               and ref in line and line.endswith(" 7.0") for line in text.splitlines())
+    assert "rigshare_ttft_seconds_bucket" in text and "rigshare_pool_workers{" in text
+    settings.RIGSHARE_METRICS_TOKEN = "s3cret"
+    assert httpx.get(base + "/metrics").status_code == 403
+    assert httpx.get(base + "/metrics", headers={"Authorization": "Bearer s3cret"}
+                     ).status_code == 200
+
+
+def test_models_marks_what_can_be_served_now(v1, engine, deploy, carol_key):
+    Model.objects.create(name="idle-model", context_length=4096)
+    from billing.models import ModelPrice
+
+    ModelPrice.objects.create(model="idle-model", input_micros_per_mtok=1,
+                              output_micros_per_mtok=1, effective_at=timezone.now())
+    deploy(engine())  # (makes the server read the pool again)
+    data = httpx.get(v1 + "/models", headers={"Authorization": f"Bearer {carol_key}"}).json()
+    assert {m["id"]: m["available"] for m in data["data"]} == {"idle-model": False,
+                                                               MODEL: True}
