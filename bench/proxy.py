@@ -28,6 +28,7 @@ import json
 import os
 import pstats
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -78,17 +79,18 @@ GOAL_RATIO = 0.95
 _CONTENT = re.compile(rb'"content":"(?!")')
 _EVENT_END = b"\n\n"
 
-# uvicorn under cProfile: stats written when it stops (SIGINT), one argument the stats path.
+# uvicorn with cProfile on its event loop thread from SIGUSR1 to SIGUSR2, which writes the
+# stats to the path given.
 _PROFILED = """
-import cProfile, sys, uvicorn
+import cProfile, signal, sys, uvicorn
 profile = cProfile.Profile()
-profile.enable()
-try:
-    uvicorn.run("config.asgi:application", host="127.0.0.1", port=int(sys.argv[1]),
-                log_level="warning", access_log=False)
-finally:
+signal.signal(signal.SIGUSR1, lambda *_: profile.enable())
+def dump(*_):
     profile.disable()
     profile.dump_stats(sys.argv[2])
+signal.signal(signal.SIGUSR2, dump)
+uvicorn.run("config.asgi:application", host="127.0.0.1", port=int(sys.argv[1]),
+            log_level="warning", access_log=False)
 """
 
 
@@ -405,57 +407,102 @@ def report(results: dict, args, cores: int) -> bool:
 
 # --- the run ---
 
+def new_client() -> httpx.AsyncClient:
+    # One client per path: httpcore's pool scans every connection of every origin on each
+    # request (quadratic in the pool's size), so a shared one would tax both paths with both
+    # pools' connections.
+    return httpx.AsyncClient(timeout=120, limits=httpx.Limits(
+        max_connections=256, max_keepalive_connections=256))
+
+
 async def measure(args, direct: Route, proxied: Route, watch: CpuWatch) -> dict:
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     results: dict = {(c, n): [] for c in CONCURRENCY for n in ("direct", "proxied")}
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+    async with new_client() as to_engine, new_client() as to_proxy:
+        client = {"direct": to_engine, "proxied": to_proxy}
         # Warm-up: connections on both paths (and the proxy's to the engine), the proxy's
         # pool snapshot, key cache and database threads.
         for path in (direct, proxied):
-            await run_phase(client, path, CONCURRENCY[-1], 1)
-            await run_phase(client, path, 1, 3)
+            await run_phase(client[path.name], path, CONCURRENCY[-1], 1)
+            await run_phase(client[path.name], path, 1, 3)
         for r in range(args.rounds):
             for conc in CONCURRENCY:
                 per_stream = args.requests_alone if conc == 1 else args.requests_each
                 order = (direct, proxied) if r % 2 == 0 else (proxied, direct)
                 for path in order:
                     results[(conc, path.name)].append(
-                        await run_phase(client, path, conc, per_stream, watch))
+                        await run_phase(client[path.name], path, conc, per_stream, watch))
             print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     return results
 
 
-async def profile_load(args, proxied: Route) -> int:
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        await run_phase(client, proxied, CONCURRENCY[-1], 1)  # warm-up (profiled too)
+async def profile_load(args, proxied: Route, proxy_pid: int, stats_path: Path) -> int:
+    """The proxied load only, with the proxy's profiler on (SIGUSR1) after the warm-up and
+    off (SIGUSR2: the stats are written) after the load; returns the requests profiled."""
+    async with new_client() as client:
+        await run_phase(client, proxied, CONCURRENCY[-1], 1)
+        await run_phase(client, proxied, 1, 3)
+        os.kill(proxy_pid, signal.SIGUSR1)
+        await asyncio.sleep(0.2)
         n = 0
         for conc in CONCURRENCY:
             per_stream = args.requests_alone if conc == 1 else args.requests_each
             phase = await run_phase(client, proxied, conc, per_stream)
             n += len(phase.streams)
-            print(f"  profiled {len(phase.streams)} streams at {conc}: {phase.tps:.0f} tok/s",
+            print(f"  profiled {len(phase.streams)} streams at {conc}: {phase.tps:,.0f} tok/s",
                   flush=True)
-    return n + CONCURRENCY[-1]
+        await asyncio.sleep(1.5)  # the last settles and the request log's flush
+        os.kill(proxy_pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while not stats_path.exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return n
 
 
-def print_profile(stats_path: Path, requests: int, tokens: int, lines: int = 30) -> None:
+def _group(func: tuple) -> str:
+    """Which part of the stack a profiled function belongs to."""
+    filename, _, name = func
+    if filename == "~":
+        for needle, label in (("epoll", "idle: waiting in epoll"),
+                              ("'send' of '_socket", "syscall: socket send"),
+                              ("'recv' of '_socket", "syscall: socket recv"),
+                              ("'poll' of 'select.poll'", "syscall: poll (httpcore)"),
+                              ("register", "syscall: epoll (un)register"),
+                              ("_thread.lock", "thread locks (executor hand-offs)")):
+            if needle in name:
+                return label
+        return "other built-ins"
+    path = filename.replace("\\", "/")
+    if "site-packages/" in path:
+        return path.split("site-packages/", 1)[1].split("/", 1)[0]
+    if path.startswith(str(REPO)):
+        return path[len(str(REPO)) + 1:].split("/", 1)[0] + "/ (Rigshare)"
+    if "/asyncio/" in path:
+        return "asyncio (stdlib)"
+    return "stdlib: " + Path(path).name
+
+
+def print_profile(stats_path: Path, requests: int, tokens: int, lines: int = 25) -> None:
     import io
+    from collections import Counter
 
-    text = io.StringIO()
-    stats = pstats.Stats(str(stats_path), stream=text).strip_dirs()
-    total = stats.total_tt
-    print(f"cProfile of the proxy's event loop thread: {total:.2f} s over {requests} requests "
-          f"({total / requests * 1000:.2f} ms per request, {total / tokens * 1e6:.0f} µs per "
-          "token; cProfile slows Python down ~2x, so read shares, not absolutes)")
-    stats.sort_stats("tottime").print_stats(lines)
-    out = [line for line in text.getvalue().splitlines() if line.strip()]
-    print("\n".join(out[next(i for i, line in enumerate(out) if "ncalls" in line):]))
+    stats = pstats.Stats(str(stats_path))
+    own: Counter = Counter()
+    for func, (_, _, tottime, _, _) in stats.stats.items():
+        own[_group(func)] += tottime
+    idle = own.pop("idle: waiting in epoll", 0.0)
+    busy = sum(own.values())
+    print(f"cProfile of the proxy's event loop thread (database threads not included) over "
+          f"{requests} proxied requests of {tokens // requests} tokens: busy {busy:.2f} s = "
+          f"{busy / requests * 1000:.2f} ms per request, idle in epoll {idle:.2f} s. cProfile "
+          "slows Python code ~2x and system calls not at all: read shares, not absolutes.")
+    print("own time by package, per request:")
+    for group, seconds in own.most_common(14):
+        print(f"  {seconds / requests * 1000:7.2f} ms  {seconds / busy:4.0%}  {group}")
     text = io.StringIO()
     stats.stream = text
-    stats.sort_stats("cumulative").print_stats(lines)
+    stats.strip_dirs().sort_stats("tottime").print_stats(lines)
     out = [line for line in text.getvalue().splitlines() if line.strip()]
-    print("by cumulative time:")
+    print("top functions by own time:")
     print("\n".join(out[next(i for i, line in enumerate(out) if "ncalls" in line):]))
 
 
@@ -480,7 +527,7 @@ def main() -> int:
     old = setup_databases(verbosity=0, interactive=False)
     db_name = settings.DATABASES["default"]["NAME"]
     engine = rigshare = None
-    workdir = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
+    workdir = Path(tempfile.mkdtemp(prefix="bench-proxy-"))  # logs, the profile
     ok = True
     try:
         engine_port, proxy_port = free_port(), free_port()
@@ -523,11 +570,9 @@ def main() -> int:
               f"CPU yardstick sum(range(1000)): {yardstick * 1e6:.1f} µs", flush=True)
 
         if args.profile:
-            requests = asyncio.run(profile_load(args, proxied))
-            stop(rigshare)
-            tokens = requests * args.max_tokens
-            print_profile(stats_path, requests, tokens)
-            expected = requests  # the warm-up's included
+            requests = asyncio.run(profile_load(args, proxied, rigshare.pid, stats_path))
+            print_profile(stats_path, requests, requests * args.max_tokens)
+            expected = requests + CONCURRENCY[-1] + 3  # the warm-up's too
         else:
             watch = CpuWatch(engine.pid, rigshare.pid, db_name)
             results = asyncio.run(measure(args, direct, proxied, watch))
@@ -572,6 +617,7 @@ def main() -> int:
                         " WHERE datname = current_database() AND pid <> pg_backend_pid()")
         connection.close()
         teardown_databases(old, verbosity=0)
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0 if ok else 1
 
 

@@ -167,16 +167,23 @@ async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpRespon
                                   type_="invalid_request_error" if found.status < 500
                                   else "server_error")
         candidates = placement.order(found, _rng, ATTEMPTS)
-        max_cost = metering.max_cost_micros(price, prompt_tokens=request.prompt_tokens,
-                                            max_tokens=max_tokens)
-        try:
-            hold = await calls.run(
-                metering.reserve, key=key, model=model.name, price=price, max_cost=max_cost,
-                request_id=outcome.request_id, tokens=request.prompt_tokens + max_tokens,
-                now=now)
-        except metering.MeteringError as exc:
-            raise openai.ApiError(exc.status, exc.message, type_=exc.type,
-                                  code=exc.code) from None
+        if key.allowed_models and model.name not in key.allowed_models:
+            raise openai.ApiError(403, f"This API key may not use '{model.name}'.",
+                                  type_="permission_error", code="model_not_allowed")
+        hold = None
+        # A renter's own card is paid for by the second (marketplace rentals): its tokens are
+        # not billed again. Everything else holds the worst case before the call.
+        if candidates[0].renter_id != key.user_id:
+            max_cost = metering.max_cost_micros(price, prompt_tokens=request.prompt_tokens,
+                                                max_tokens=max_tokens)
+            try:
+                hold = await calls.run(
+                    metering.reserve, key=key, model=model.name, price=price,
+                    max_cost=max_cost, request_id=outcome.request_id,
+                    tokens=request.prompt_tokens + max_tokens, now=now)
+            except metering.MeteringError as exc:
+                raise openai.ApiError(exc.status, exc.message, type_=exc.type,
+                                      code=exc.code) from None
     except openai.ApiError as exc:
         return _error(exc, outcome)
     return await _proxy(request, model.name, max_tokens, candidates, hold, outcome,
@@ -198,7 +205,7 @@ class _Retry(Exception):
 
 
 async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens: int,
-                 candidates: list, hold: metering.HoldInfo, outcome: Outcome,
+                 candidates: list, hold: metering.HoldInfo | None, outcome: Outcome,
                  version: str) -> HttpResponse:
     last_error = openai.ApiError(503, "No worker could take this request; retry shortly.",
                                  type_="server_error", code="no_capacity")
@@ -429,8 +436,9 @@ async def _settle(hold, usage: metering.Usage, worker: placement.Worker, outcome
         usage.completion_tokens
     outcome.estimated = usage.estimated
     try:
-        await calls.run(metering.settle, hold=hold, usage=usage,
-                        worker=metering.Worker(worker.provider_id, worker.ref))
+        if hold is not None:  # None: the renter's own card, paid for by the second
+            await calls.run(metering.settle, hold=hold, usage=usage,
+                            worker=metering.Worker(worker.provider_id, worker.ref))
     except Exception:
         # The hold stays pending and expires into a release: the consumer is not charged
         # twice or for nothing, and the failure is loud.
@@ -440,6 +448,8 @@ async def _settle(hold, usage: metering.Usage, worker: placement.Worker, outcome
 
 
 async def _release(hold) -> None:
+    if hold is None:
+        return
     try:
         await calls.run(metering.release, request_id=hold.request_id)
     except Exception:

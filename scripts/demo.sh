@@ -43,6 +43,7 @@ pids+=($!)
 out=$($PY manage.py demo_setup --machines "$FLEET" --state-dir "$STATE/fleet" --list)
 grep -v '^DEMO_API_KEY=' <<<"$out" || true
 key=$(sed -n 's/^DEMO_API_KEY=//p' <<<"$out")
+model=$($PY manage.py demo_models | sed -n 's/^DEMO_MODEL=//p' | head -1)
 
 cat <<BANNER
 
@@ -54,6 +55,13 @@ cat <<BANNER
     carol@rigshare.test / demo-carol-2026   API consumer, \$20 of credit; her API key (shown once):
         ${key}
     admin@rigshare.test / demo-admin-2026   operator: ${URL}/admin/
+
+  OpenAI-compatible API: ${URL}/v1  (model ${model}; the fleet serves it once verification
+  has measured its cards, a minute or two after start; until then /v1 answers 503)
+    curl ${URL}/v1/chat/completions -H "Authorization: Bearer ${key}" \\
+      -H "Content-Type: application/json" \\
+      -d '{"model": "${model}", "messages": [{"role": "user", "content": "Hello"}], "stream": true}'
+    Metrics: ${URL}/metrics
 
   REST API docs: ${URL}/api/docs/     Logs: ${STATE}/log/
 BANNER

@@ -6,9 +6,10 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from billing.models import Charge, Hold
 from marketplace.models import Card, Node
 from routing import pool, services
-from routing.models import Deployment, EngineModel, Model
+from routing.models import Deployment, EngineModel, Model, RequestLog
 from tests.factories import NodeFactory, RentalFactory
 from tests.routing.conftest import MODEL
 from tests.routing.test_api import CHAT, post
@@ -59,8 +60,8 @@ def test_flagged_cards_and_rentals_show_in_the_snapshot(deploy, alice):
     assert by_id[rented.pk].renter_id == alice.pk
 
 
-def test_a_rented_card_answers_only_its_renters_keys(v1, engine, deploy, carol, carol_key,
-                                                     mallory, fund):
+def test_a_rented_card_answers_only_its_renters_keys_and_bills_no_tokens(
+        v1, engine, deploy, carol, carol_key, mallory, fund, settled):
     from billing.keys import api_key_create
 
     deployment = deploy(engine())
@@ -69,9 +70,17 @@ def test_a_rented_card_answers_only_its_renters_keys(v1, engine, deploy, carol, 
     fund(mallory, 10_000_000)
     _, other_key = api_key_create(user=mallory, name="other")
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 5}
-    assert post(v1, carol_key, body).status_code == 200
+    for stream in (False, True):
+        response = post(v1, carol_key, body | {"stream": stream})
+        assert response.status_code == 200
+        assert response.headers["x-rigshare-worker"] == f"deployment:{deployment.pk}"
     refused = post(v1, other_key, body)
     assert (refused.status_code, refused.json()["error"]["code"]) == (503, "no_capacity")
+    settled()
+    # Her rental is paid by the second; its tokens are logged, not billed again.
+    assert not Hold.objects.exists() and not Charge.objects.exists()
+    assert sorted(RequestLog.objects.values_list("status", "completion_tokens")) == [
+        (200, 5), (200, 5), (503, 0)]
 
 
 def test_unverified_worker_gets_no_shared_traffic(v1, engine, deploy, carol_key):

