@@ -149,6 +149,9 @@ RIGSHARE_ENROLMENT_TOKEN_TTL_H = env_int("RIGSHARE_ENROLMENT_TOKEN_TTL_H", 24, m
 RIGSHARE_RELIABILITY_WINDOW_DAYS = env_int("RIGSHARE_RELIABILITY_WINDOW_DAYS", 30, minimum=1)
 # The public URL that agents use, shown in the copy-paste enrolment command.
 RIGSHARE_PUBLIC_URL = env_str("RIGSHARE_PUBLIC_URL", "")
+# /v1 bodies (long prompts) may be larger than Django's 2.5 MB default; routing/openai.py
+# refuses more than this with an OpenAI-style 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 # Bearer token Prometheus sends to /metrics; unset, only this machine may scrape.
 RIGSHARE_METRICS_TOKEN = env_str("RIGSHARE_METRICS_TOKEN", "")
 

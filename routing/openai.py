@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import dataclass
 
-MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_BODY_BYTES = 4 * 1024 * 1024  # settings.DATA_UPLOAD_MAX_MEMORY_SIZE matches it
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 

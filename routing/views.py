@@ -2,7 +2,10 @@
 
 import ipaddress
 
+import hmac
+
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -36,20 +39,28 @@ async def models(request):
     return JsonResponse({"object": "list", "data": data})
 
 
-@csrf_exempt
-async def chat_completions(request):
+async def _inference(request, endpoint: str):
     if request.method != "POST":
         return _method_not_allowed(request, "POST")
-    return await proxy.handle(endpoint="chat", raw=request.body,
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        body = openai.error_body(f"The request body is larger than {openai.MAX_BODY_BYTES} "
+                                 "bytes.", type_="invalid_request_error",
+                                 code="request_too_large")
+        return JsonResponse(body, status=413)
+    return await proxy.handle(endpoint=endpoint, raw=raw,
                               authorization=request.headers.get("Authorization", ""))
+
+
+@csrf_exempt
+async def chat_completions(request):
+    return await _inference(request, "chat")
 
 
 @csrf_exempt
 async def completions(request):
-    if request.method != "POST":
-        return _method_not_allowed(request, "POST")
-    return await proxy.handle(endpoint="completions", raw=request.body,
-                              authorization=request.headers.get("Authorization", ""))
+    return await _inference(request, "completions")
 
 
 async def not_found(request, rest=""):
@@ -61,8 +72,6 @@ async def not_found(request, rest=""):
 def _may_scrape(request) -> bool:
     token = settings.RIGSHARE_METRICS_TOKEN
     if token:
-        import hmac
-
         sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         return hmac.compare_digest(sent.encode(), token.encode())
     try:  # no token configured: only from this machine

@@ -177,3 +177,8 @@ def test_no_worker_is_503_and_a_prompt_too_long_for_every_worker_is_400(v1, engi
            "context_length_exceeded")
     assert post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5}
                 ).status_code == 200
+
+
+def test_a_body_too_large_is_413_in_openais_shape(v1, carol_key):
+    huge = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]}
+    _error(post(v1, carol_key, huge), 413, "request_too_large")
