@@ -182,3 +182,19 @@ def test_no_worker_is_503_and_a_prompt_too_long_for_every_worker_is_400(v1, engi
 def test_a_body_too_large_is_413_in_openais_shape(v1, carol_key):
     huge = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]}
     _error(post(v1, carol_key, huge), 413, "request_too_large")
+
+
+def test_key_limits_are_429_and_403_in_openais_shape(v1, engine, deploy, carol, fund):
+    from billing.keys import api_key_create
+
+    deploy(engine())
+    fund(carol, 10_000_000)
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 5}
+    _, one_a_minute = api_key_create(user=carol, name="slow", requests_per_minute=1)
+    assert post(v1, one_a_minute, body).status_code == 200
+    _error(post(v1, one_a_minute, body), 429, "rate_limit_exceeded")
+    _, capped = api_key_create(user=carol, name="capped", spend_limit_micros=1,
+                               spend_period="daily")
+    _error(post(v1, capped, body), 429, "key_limit_reached")
+    _, other_model = api_key_create(user=carol, name="other", allowed_models=["gpt-x"])
+    _error(post(v1, other_model, body), 403, "model_not_allowed")
