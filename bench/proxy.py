@@ -3,27 +3,35 @@ and 64 concurrent streams. Goal: the proxy adds at most 3 ms to the p50 time to 
 and keeps at least 95% of the direct streams' output tokens/s.
 
 Three processes: the engine (`python -m fleetsim serve`, the H200 vLLM profile at time scale 1,
-so a stream runs at a real card's rate: 170 tok/s alone, ~2,900 tok/s over 64 streams), Rigshare
+so streams run at a real card's rates: 170 tok/s alone, ~2,900 tok/s over 64 streams), Rigshare
 (`uvicorn config.asgi:application`, one worker, DEBUG off, on a PostgreSQL database of this
-benchmark's own and Redis) and this one, the client (asyncio + httpx, streaming chat
-completions). The client asks both paths for the same streams (`stream_options.include_usage`,
-the same max_tokens); the proxy is reached with a funded consumer's API key (no limits), the
-engine is a verified deployment with capacity, so the pool routes every request to it.
+benchmark's own and a Redis database of its own) and this one, the client (asyncio + httpx,
+streaming chat completions, one connection pool per path). Both paths get the same streams
+(`stream_options.include_usage`, the same max_tokens); the proxy is called with a funded
+consumer's API key (no limits) and routes to the engine, a verified deployment with capacity.
 
-Direct and proxied phases alternate, their order flipping every round, so the VM's speed drift
-hits both alike. TTFT is the time from sending the request to the first chunk with content;
-tokens/s is the content chunks of every stream of a phase over the phase's wall time. Every
-proxied stream must deliver all its tokens and [DONE], every proxied request must leave a
-Charge, and the ledger must balance (`billing.selectors.ledger_problems()`).
+Three loads, each run once per path per round, direct and proxied alternating (the order flips
+every round) so the VM's speed drift hits both alike:
+- 1 stream: requests one after another.
+- 64 steady: 64 clients, each sending requests back to back, their starts spread over half a
+  stream's duration, so requests arrive evenly while 64 streams are in flight; then measured
+  for `--steady` seconds: TTFT of the requests that start then, tokens/s received then.
+- 64 at once: 64 requests sent in the same instant, the worst case for a proxy that does
+  per-request work on one event loop.
+TTFT is the time from sending the request to the first chunk with content; tokens/s is content
+chunks received over wall time. Every stream must deliver all its tokens, the usage chunk and
+[DONE]; every proxied request must leave one Charge, and the ledger must balance
+(`billing.selectors.ledger_problems()`).
 
 Run by `make bench-proxy` (and `make bench`) against PostgreSQL (DATABASE_URL) and Redis
 (REDIS_URL); it creates and drops its own database. `--rounds`, `--max-tokens`, `--time-scale`
-change the run; `--profile` runs the proxy under cProfile instead and prints where its CPU goes
-per request. Figures and their analysis: docs/benchmarks.md.
+change the run; `--profile` runs the proxy under cProfile instead and prints where its event
+loop's time goes per request. Figures and their analysis: docs/benchmarks.md.
 """
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import pstats
@@ -39,6 +47,7 @@ import time
 import timeit
 import uuid
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -72,7 +81,7 @@ from verification.models import VerificationRun, VerifiedCapacity  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = "h200"
 MODEL = "qwen3-27b"  # the public name; the engine knows it by the profile's model id
-CONCURRENCY = (1, 64)
+STREAMS = 64
 GOAL_TTFT_MS = 3.0
 GOAL_RATIO = 0.95
 # A content chunk: a delta with text in it (vLLM's role chunk has "content":"").
@@ -94,12 +103,15 @@ uvicorn.run("config.asgi:application", host="127.0.0.1", port=int(sys.argv[1]),
 """
 
 
-# --- one stream ---
+# --- streams ---
 
 @dataclass
 class Stream:
+    started: float = 0.0  # perf_counter
     ttft_s: float | None = None
+    ended: float = 0.0
     tokens: int = 0  # content chunks received
+    marks: list = field(default_factory=list)  # (perf_counter, content chunks) per read
     usage_tokens: int | None = None  # completion_tokens of the usage chunk
     done: bool = False
     error: str = ""
@@ -107,8 +119,7 @@ class Stream:
 
 async def stream_once(client: httpx.AsyncClient, url: str, body: bytes, headers: dict
                       ) -> Stream:
-    out = Stream()
-    start = time.perf_counter()
+    out = Stream(started=time.perf_counter())
     try:
         async with client.stream("POST", url, content=body, headers=headers) as resp:
             if resp.status_code != 200:
@@ -122,9 +133,12 @@ async def stream_once(client: httpx.AsyncClient, url: str, body: bytes, headers:
                     continue
                 events, buf = buf[:cut], buf[cut + 2:]
                 found = len(_CONTENT.findall(events))
-                if found and out.ttft_s is None:
-                    out.ttft_s = time.perf_counter() - start
-                out.tokens += found
+                if found:
+                    now = time.perf_counter()
+                    if out.ttft_s is None:
+                        out.ttft_s = now - out.started
+                    out.tokens += found
+                    out.marks.append((now, found))
                 if b'"usage":{' in events:
                     for event in events.split(_EVENT_END):
                         if b'"choices":[]' in event:
@@ -134,15 +148,16 @@ async def stream_once(client: httpx.AsyncClient, url: str, body: bytes, headers:
                     out.done = True
     except httpx.HTTPError as exc:
         out.error = type(exc).__name__
+    out.ended = time.perf_counter()
     return out
 
 
 class Route:
-    """One way to the engine: its URL, body and headers."""
+    """One way to the engine: the chat completions URL, the model name, the headers."""
 
     def __init__(self, name: str, base: str, model: str, max_tokens: int, token: str = ""):
-        self.name, self.url, self.model, self.max_tokens = name, base + "/v1/chat/completions", \
-            model, max_tokens
+        self.name, self.model, self.max_tokens = name, model, max_tokens
+        self.url = base + "/v1/chat/completions"
         self.headers = {"content-type": "application/json", "accept": "text/event-stream"}
         if token:
             self.headers["authorization"] = f"Bearer {token}"
@@ -156,11 +171,26 @@ class Route:
                            "messages": [{"role": "user", "content": text}]}).encode()
 
 
+@dataclass(frozen=True)
+class Load:
+    label: str
+    clients: int
+    requests_each: int = 1  # requests per client, one after another...
+    spread_s: float = 0.0  # ...or, with a spread: client i starts at i * spread_s / clients
+    measure_s: float = 0.0  # and they all keep sending until this long after the spread
+
+
 @dataclass
 class Phase:
     streams: list = field(default_factory=list)
     wall_s: float = 0.0
+    window: tuple[float, float] | None = None  # the steady part, where every client is busy
     cpu: dict = field(default_factory=dict)  # process kind -> CPU seconds used
+
+    def measured(self) -> list[Stream]:
+        if self.window is None:
+            return self.streams
+        return [s for s in self.streams if self.window[0] <= s.started <= self.window[1]]
 
     @property
     def tokens(self) -> int:
@@ -168,34 +198,51 @@ class Phase:
 
     @property
     def tps(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s else 0.0
+        if self.window is None:
+            return self.tokens / self.wall_s
+        a, b = self.window
+        return sum(n for s in self.streams for t, n in s.marks if a <= t <= b) / (b - a)
 
 
-async def run_phase(client: httpx.AsyncClient, path: Route, concurrency: int, per_stream: int,
+async def run_phase(client: httpx.AsyncClient, route: Route, load: Load,
                     watch: "CpuWatch | None" = None) -> Phase:
-    """`concurrency` clients, each sending `per_stream` requests one after another."""
     phase = Phase()
+    start = time.perf_counter()
+    until = start + load.spread_s + load.measure_s
 
-    async def one_client():
-        for _ in range(per_stream):
-            phase.streams.append(await stream_once(client, path.url, path.body(),
-                                                   path.headers))
+    async def one_client(i: int):
+        await asyncio.sleep(i * load.spread_s / load.clients)
+        sent = 0
+        while time.perf_counter() < until if load.measure_s else sent < load.requests_each:
+            phase.streams.append(await stream_once(client, route.url, route.body(),
+                                                   route.headers))
+            sent += 1
 
     before = watch.sample() if watch else None
-    start = time.perf_counter()
-    await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    await asyncio.gather(*(one_client(i) for i in range(load.clients)))
     phase.wall_s = time.perf_counter() - start
     if watch:
         phase.cpu = watch.since(before)
+    if load.measure_s:
+        phase.window = (start + load.spread_s, until)
     return phase
 
 
-# --- CPU: which process used the cores during a phase ---
+def new_client() -> httpx.AsyncClient:
+    # One client per path: httpcore's pool looks at every connection of every origin on each
+    # request (quadratic in the pool's size), so a shared one would tax both paths with both
+    # pools' connections.
+    return httpx.AsyncClient(timeout=120, limits=httpx.Limits(
+        max_connections=256, max_keepalive_connections=256))
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds a process has used (user + system), from /proc/<pid>/stat; 0 once gone."""
+
+# --- CPU: which process used the cores ---
+
+def _cpu_s(pid: int, thread: int | None = None) -> float:
+    """CPU seconds a process (or one of its threads) has used, user + system, from
+    /proc/<pid>/stat; 0 once gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
@@ -223,9 +270,12 @@ def _pids_of(prefix: bytes, needle: bytes = b"") -> list[int]:
     return found
 
 
+KINDS = ("client", "engine", "proxy", "pg", "redis", "other")
+
+
 class CpuWatch:
-    """CPU seconds of this client, the engine, the proxy, the PostgreSQL backends of this
-    benchmark's database, the Redis server, and the whole machine, between two samples."""
+    """CPU seconds used between two samples by this client, the engine, the proxy, the
+    PostgreSQL backends of this benchmark's database, the Redis server, and everything else."""
 
     def __init__(self, engine_pid: int, proxy_pid: int, db_name: str):
         self.pids = {"client": [os.getpid()], "engine": [engine_pid], "proxy": [proxy_pid],
@@ -233,19 +283,21 @@ class CpuWatch:
         self.db_name = db_name.encode()
 
     def sample(self) -> dict:
-        pg = _pids_of(b"postgres", b" " + self.db_name + b" ")
         used = {kind: sum(_cpu_s(p) for p in pids) for kind, pids in self.pids.items()}
-        used["pg"] = {p: _cpu_s(p) for p in pg}
+        # The proxy's main thread is its event loop; the rest are its database threads and
+        # asgiref's (sync middleware, signal handlers).
+        used["proxy loop"] = _cpu_s(self.pids["proxy"][0], self.pids["proxy"][0])
+        used["pg"] = {p: _cpu_s(p) for p in _pids_of(b"postgres", b" " + self.db_name + b" ")}
         used["machine"] = _machine_busy_s()
         return used
 
     def since(self, before: dict) -> dict:
         now = self.sample()
-        spent = {kind: now[kind] - before[kind] for kind in (*self.pids, "machine")}
-        # A backend that started during the phase counts from 0; one that ended is lost.
+        spent = {kind: now[kind] - before[kind]
+                 for kind in (*self.pids, "proxy loop", "machine")}
+        # A backend that started meanwhile counts from 0; one that ended is lost.
         spent["pg"] = sum(used - before["pg"].get(p, 0.0) for p, used in now["pg"].items())
-        spent["other"] = max(0.0, spent["machine"] - sum(
-            spent[k] for k in ("client", "engine", "proxy", "redis", "pg")))
+        spent["other"] = max(0.0, spent["machine"] - sum(spent[k] for k in KINDS[:-1]))
         return spent
 
 
@@ -277,7 +329,7 @@ def bench_database_url(db_name: str) -> str:
 
 
 def bench_redis_url(db: int) -> str:
-    """REDIS_URL's server, another database: every test run clears its cache (FLUSHDB on the
+    """REDIS_URL's server, another database: every test clears the cache (FLUSHDB on the
     tests' database), which would empty the proxy's key cache in the middle of a phase."""
     parsed = urlparse(os.environ.get("REDIS_URL") or settings.REDIS_URL
                       or "redis://127.0.0.1:6379/1")
@@ -294,10 +346,11 @@ def make_rows(engine_url: str) -> str:
                               effective_at=timezone.now() - timedelta(days=1))
     EngineModel.objects.create(engine_model_id=profile.model, model=model)
     provider = User.objects.create_user("provider@bench.test", None)
-    node = Node.objects.create(owner=provider, name=f"{PROFILE}-bench", credential_prefix=uuid
-                               .uuid4().hex[:12], credential_digest="0" * 64,
-                               status=Node.Status.ONLINE, last_heartbeat_at=timezone.now(),
-                               engine_url=engine_url, engine_reachable=True, simulated=True)
+    node = Node.objects.create(owner=provider, name=f"{PROFILE}-bench",
+                               credential_prefix=uuid.uuid4().hex[:12],
+                               credential_digest="0" * 64, status=Node.Status.ONLINE,
+                               last_heartbeat_at=timezone.now(), engine_url=engine_url,
+                               engine_reachable=True, simulated=True)
     run = VerificationRun.objects.create(node=node, trigger="enrolment", status="done",
                                          model=profile.model)
     for i in range(profile.gpu_count):
@@ -306,7 +359,7 @@ def make_rows(engine_url: str) -> str:
                                    memory_total_mib=profile.memory_total_mib,
                                    verification_status=Card.Verification.VERIFIED)
         VerifiedCapacity.objects.create(card=card, model=profile.model, run=run,
-                                        tokens_per_s=dict(profile.throughput)[128]
+                                        tokens_per_s=profile.aggregate_tps(32)
                                         / profile.gpu_count)
     Deployment.objects.create(node=node, engine_model_id=profile.model, engine=profile.engine,
                               max_context=profile.context_length,
@@ -324,7 +377,7 @@ def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
 
 def stop(proc: subprocess.Popen | None) -> None:
     if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGINT)  # uvicorn shuts down cleanly (the profile is written)
+        proc.send_signal(signal.SIGINT)  # uvicorn's clean shutdown
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -342,161 +395,171 @@ def pct(values: list[float], p: float) -> float:
 
 
 def ttfts_ms(phases: list[Phase]) -> list[float]:
-    return [s.ttft_s * 1000 for ph in phases for s in ph.streams if s.ttft_s is not None]
+    return [s.ttft_s * 1000 for ph in phases for s in ph.measured() if s.ttft_s is not None]
 
 
-def problems_of(phases: list[Phase], max_tokens: int) -> list[str]:
-    bad = []
-    for ph in phases:
-        for s in ph.streams:
-            if s.error or not s.done or s.tokens != max_tokens or s.usage_tokens != max_tokens:
-                bad.append(s.error or f"{s.tokens} tokens, usage {s.usage_tokens}, "
-                                      f"done {s.done}")
-    return bad
+def stream_problems(phases: list[Phase], max_tokens: int) -> list[str]:
+    return [s.error or f"{s.tokens} tokens, usage {s.usage_tokens}, done {s.done}"
+            for ph in phases for s in ph.streams
+            if s.error or not s.done or s.tokens != max_tokens or s.usage_tokens != max_tokens]
 
 
-def report(results: dict, args, cores: int) -> bool:
-    """results[(concurrency, path)] = [Phase per round]. Prints the table; True if the goal
-    is reached at every concurrency."""
-    kinds = ("client", "engine", "proxy", "pg", "redis", "other")
-    print(f"{'':<16} {'TTFT ms':^15} {'tok/s':>7}  {'CPU cores used, measured phases':^46}")
-    print(f"{'streams path':<16} {'p50':>7} {'p99':>7} {'median':>7}  "
-          + " ".join(f"{k:>6}" for k in kinds) + f" {'idle':>5}")
-    reached = True
-    for conc in CONCURRENCY:
+def report(loads: list[Load], results: dict, idle: dict, cores: int) -> None:
+    """results[(load label, path)] = [Phase per round]."""
+    print(f"{'':<19} {'TTFT ms':^15} {'tok/s':>7}  {'CPU cores used while the phases ran':^48}")
+    print(f"{'load       path':<19} {'p50':>7} {'p99':>7} {'median':>7}  "
+          + " ".join(f"{k:>6}" for k in KINDS) + f" {'idle':>6}")
+    verdicts = []
+    for load in loads:
         rows = {}
         for name in ("direct", "proxied"):
-            phases = results[(conc, name)]
+            phases = results[(load.label, name)]
             ttft = ttfts_ms(phases)
             wall = sum(ph.wall_s for ph in phases)
-            cpu = {k: sum(ph.cpu.get(k, 0.0) for ph in phases) / wall for k in kinds}
+            cpu = {k: sum(ph.cpu.get(k, 0.0) for ph in phases) / wall for k in KINDS}
             busy = sum(ph.cpu.get("machine", 0.0) for ph in phases) / wall
             rows[name] = (pct(ttft, .5), pct(ttft, .99),
-                          statistics.median(ph.tps for ph in phases))
-            print(f"{conc:>7} {name:<8} {rows[name][0]:>7.1f} {rows[name][1]:>7.1f} "
-                  f"{rows[name][2]:>7.0f}  " + " ".join(f"{cpu[k]:>6.2f}" for k in kinds)
-                  + f" {max(0.0, cores - busy):>5.2f}")
-        ratios = [p.tps / d.tps for d, p in zip(results[(conc, "direct")],
-                                                 results[(conc, "proxied")], strict=True)]
+                          statistics.median(ph.tps for ph in phases), len(ttft))
+            print(f"{load.label:<10} {name:<8} {rows[name][0]:>7.1f} {rows[name][1]:>7.1f} "
+                  f"{rows[name][2]:>7.0f}  " + " ".join(f"{cpu[k]:>6.2f}" for k in KINDS)
+                  + f" {max(0.0, cores - busy):>6.2f}")
+        ratios = [p.tps / d.tps for d, p in zip(results[(load.label, "direct")],
+                                                 results[(load.label, "proxied")], strict=True)]
         added50 = rows["proxied"][0] - rows["direct"][0]
         added99 = rows["proxied"][1] - rows["direct"][1]
         ratio = statistics.median(ratios)
         ok = added50 <= GOAL_TTFT_MS and ratio >= GOAL_RATIO
-        reached &= ok
-        n = sum(len(ph.streams) for ph in results[(conc, "proxied")])
-        proxy_cpu = sum(ph.cpu.get("proxy", 0.0) for ph in results[(conc, "proxied")])
-        tokens = sum(ph.tokens for ph in results[(conc, "proxied")])
-        print(f"{conc:>7} added    {added50:>+7.1f} {added99:>+7.1f}   x{ratio:.3f} tok/s "
-              f"(rounds: {' '.join(f'{r:.3f}' for r in ratios)}); proxy CPU "
-              f"{proxy_cpu / n * 1000:.1f} ms per request, {proxy_cpu / tokens * 1e6:.0f} µs "
-              f"per token; {'goal met' if ok else 'goal MISSED'}")
-    print(f"TTFT percentiles over every measured stream of {args.rounds} rounds "
-          f"({len(ttfts_ms(results[(1, 'proxied')]))} per path at 1 stream, "
-          f"{len(ttfts_ms(results[(CONCURRENCY[-1], 'proxied')]))} at "
-          f"{CONCURRENCY[-1]}); tok/s: the phase's output tokens over its wall time, median of "
-          "rounds; x: proxied over direct, median of the rounds' ratios.")
-    print(f"CPU: cores used while the phases ran, by this client, the engine, the proxy "
-          f"(uvicorn, 1 worker), the PostgreSQL backends of {settings.DATABASES['default']['NAME']}, "
-          f"the Redis server and everything else; this machine has {cores} cores for all of "
-          "them, so at 64 streams the client and the engine compete with the proxy for CPU.")
-    print(f"goal (added TTFT p50 <= {GOAL_TTFT_MS:g} ms and >= {GOAL_RATIO:.0%} of direct "
-          f"tok/s, at 1 and {CONCURRENCY[-1]} streams): "
-          + ("reached" if reached else "NOT reached"))
-    return reached
+        verdicts.append(f"{load.label}: {'met' if ok else 'MISSED'}")
+        proxied = results[(load.label, "proxied")]
+        requests = sum(len(ph.streams) for ph in proxied)
+        busy_s = sum(ph.cpu.get("proxy", 0.0) - idle["proxy"] * ph.wall_s for ph in proxied)
+        loop_s = sum(ph.cpu.get("proxy loop", 0.0) - idle["proxy loop"] * ph.wall_s
+                     for ph in proxied)
+        print(f"{load.label:<10} {'added':<8} {added50:>+7.1f} {added99:>+7.1f}  x{ratio:.3f}"
+              f"  (rounds {' '.join(f'{r:.3f}' for r in ratios)}; {rows['proxied'][3]} TTFTs;"
+              f" proxy CPU per request {busy_s / requests * 1000:.1f} ms, of which event loop "
+              f"{loop_s / requests * 1000:.1f}, idle work taken out)")
+    print(f"goal, added TTFT p50 <= {GOAL_TTFT_MS:g} ms and >= {GOAL_RATIO:.0%} of direct "
+          f"tok/s: {'; '.join(verdicts)}")
+    print(f"tok/s: content chunks received over the phase's wall time ({STREAMS} steady: in "
+          "the measured window), median of rounds; x: proxied over direct, median of the "
+          f"rounds' ratios. TTFT percentiles over every measured request of every round "
+          f"({STREAMS} steady: those started in the window).")
+    print(f"CPU: by this client, the engine, the proxy (uvicorn, 1 worker; {idle['proxy']:.3f} "
+          "cores when idle: pool refresh, request log), the PostgreSQL backends of the "
+          "benchmark's database, Redis, and everything else (other programs on the VM). "
+          f"This machine has {cores} cores for all of them: at {STREAMS} streams the client and "
+          "the engine compete with the proxy for CPU.")
 
 
 # --- the run ---
 
-def new_client() -> httpx.AsyncClient:
-    # One client per path: httpcore's pool scans every connection of every origin on each
-    # request (quadratic in the pool's size), so a shared one would tax both paths with both
-    # pools' connections.
-    return httpx.AsyncClient(timeout=120, limits=httpx.Limits(
-        max_connections=256, max_keepalive_connections=256))
-
-
-async def measure(args, direct: Route, proxied: Route, watch: CpuWatch) -> dict:
-    results: dict = {(c, n): [] for c in CONCURRENCY for n in ("direct", "proxied")}
+async def measure(args, loads: list[Load], direct: Route, proxied: Route, watch: "CpuWatch"
+                  ) -> tuple[dict, dict]:
+    results: dict = {(ld.label, n): [] for ld in loads for n in ("direct", "proxied")}
     async with new_client() as to_engine, new_client() as to_proxy:
         client = {"direct": to_engine, "proxied": to_proxy}
         # Warm-up: connections on both paths (and the proxy's to the engine), the proxy's
         # pool snapshot, key cache and database threads.
-        for path in (direct, proxied):
-            await run_phase(client[path.name], path, CONCURRENCY[-1], 1)
-            await run_phase(client[path.name], path, 1, 3)
+        for route in (direct, proxied):
+            await run_phase(client[route.name], route, Load("", STREAMS))
+            await run_phase(client[route.name], route, Load("", 1, 3))
+        before = watch.sample()
+        await asyncio.sleep(5)
+        spent = watch.since(before)
+        idle = {kind: spent[kind] / 5 for kind in ("proxy", "proxy loop")}
         for r in range(args.rounds):
-            for conc in CONCURRENCY:
-                per_stream = args.requests_alone if conc == 1 else args.requests_each
-                order = (direct, proxied) if r % 2 == 0 else (proxied, direct)
-                for path in order:
-                    results[(conc, path.name)].append(
-                        await run_phase(client[path.name], path, conc, per_stream, watch))
+            for load in loads:
+                for route in (direct, proxied) if r % 2 == 0 else (proxied, direct):
+                    results[(load.label, route.name)].append(
+                        await run_phase(client[route.name], route, load, watch))
             print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    return results
+    return results, idle
 
 
-async def profile_load(args, proxied: Route, proxy_pid: int, stats_path: Path) -> int:
-    """The proxied load only, with the proxy's profiler on (SIGUSR1) after the warm-up and
-    off (SIGUSR2: the stats are written) after the load; returns the requests profiled."""
+async def profile_load(loads: list[Load], proxied: Route, proxy_pid: int, stats_path: Path
+                       ) -> int:
+    """The proxied loads only, with the proxy's profiler on (SIGUSR1) after the warm-up and
+    off (SIGUSR2: the stats are written) after them; returns the requests profiled."""
     async with new_client() as client:
-        await run_phase(client, proxied, CONCURRENCY[-1], 1)
-        await run_phase(client, proxied, 1, 3)
+        await run_phase(client, proxied, Load("", STREAMS))
+        await run_phase(client, proxied, Load("", 1, 3))
         os.kill(proxy_pid, signal.SIGUSR1)
         await asyncio.sleep(0.2)
         n = 0
-        for conc in CONCURRENCY:
-            per_stream = args.requests_alone if conc == 1 else args.requests_each
-            phase = await run_phase(client, proxied, conc, per_stream)
+        for load in loads:
+            phase = await run_phase(client, proxied, load)
             n += len(phase.streams)
-            print(f"  profiled {len(phase.streams)} streams at {conc}: {phase.tps:,.0f} tok/s",
-                  flush=True)
-        await asyncio.sleep(1.5)  # the last settles and the request log's flush
+            print(f"  profiled {len(phase.streams)} requests, {load.label}: "
+                  f"{phase.tps:,.0f} tok/s", flush=True)
+        await asyncio.sleep(1.5)  # the last settles, the request log's flush
         os.kill(proxy_pid, signal.SIGUSR2)
     deadline = time.monotonic() + 30
     while not stats_path.exists() and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
+    time.sleep(0.5)  # written, not only created
     return n
 
 
+_SYSCALLS = (("'poll' of 'select.epoll'", "idle (waiting in epoll)"),
+             ("'send' of '_socket", "syscall: socket send"),
+             ("'recv' of '_socket", "syscall: socket recv"),
+             ("'poll' of 'select.poll'", "syscall: poll"),
+             ("getpeername", "syscall: getpeername"),
+             ("'register' of 'select.epoll'", "syscall: epoll register"),
+             ("'unregister' of 'select.epoll'", "syscall: epoll unregister"),
+             ("'modify' of 'select.epoll'", "syscall: epoll modify"),
+             ("_thread.lock", "thread hand-offs (lock acquire/release)"))
+# Helpers whose own time is charged to whoever called them.
+_PASS_THROUGH = ("built-ins", "contextlib", "selectors", "functools", "typing", "enum",
+                 "re", "abc", "_weakrefset", "threading", "queue")
+
+
 def _group(func: tuple) -> str:
-    """Which part of the stack a profiled function belongs to."""
     filename, _, name = func
     if filename == "~":
-        for needle, label in (("epoll", "idle: waiting in epoll"),
-                              ("'send' of '_socket", "syscall: socket send"),
-                              ("'recv' of '_socket", "syscall: socket recv"),
-                              ("'poll' of 'select.poll'", "syscall: poll (httpcore)"),
-                              ("register", "syscall: epoll (un)register"),
-                              ("_thread.lock", "thread locks (executor hand-offs)")):
+        for needle, label in _SYSCALLS:
             if needle in name:
                 return label
-        return "other built-ins"
+        return "built-ins"
     path = filename.replace("\\", "/")
     if "site-packages/" in path:
-        return path.split("site-packages/", 1)[1].split("/", 1)[0]
+        return path.split("site-packages/", 1)[1].split("/", 1)[0].split(".", 1)[0]
     if path.startswith(str(REPO)):
-        return path[len(str(REPO)) + 1:].split("/", 1)[0] + "/ (Rigshare)"
+        return path[len(str(REPO)) + 1:].split("/", 1)[0] + "/"
     if "/asyncio/" in path:
-        return "asyncio (stdlib)"
-    return "stdlib: " + Path(path).name
+        return "asyncio"
+    if "/concurrent/" in path:
+        return "concurrent.futures"
+    return Path(path).stem
 
 
-def print_profile(stats_path: Path, requests: int, tokens: int, lines: int = 25) -> None:
-    import io
-    from collections import Counter
+def _charge(stats: dict, func: tuple, seconds: float, into: Counter, depth: int = 0) -> None:
+    """Own time of `func` to its group, or, for a helper, to its callers' groups in
+    proportion to what each call cost."""
+    group = _group(func)
+    callers = stats[func][4]
+    if group not in _PASS_THROUGH or not callers or depth > 4:
+        into[group] += seconds
+        return
+    total = sum(c[2] for c in callers.values()) or 1.0
+    for caller, c in callers.items():
+        _charge(stats, caller, seconds * c[2] / total, into, depth + 1)
 
+
+def print_profile(stats_path: Path, requests: int, max_tokens: int, lines: int = 20) -> None:
     stats = pstats.Stats(str(stats_path))
     own: Counter = Counter()
     for func, (_, _, tottime, _, _) in stats.stats.items():
-        own[_group(func)] += tottime
-    idle = own.pop("idle: waiting in epoll", 0.0)
+        _charge(stats.stats, func, tottime, own)
+    idle = own.pop("idle (waiting in epoll)", 0.0)
     busy = sum(own.values())
-    print(f"cProfile of the proxy's event loop thread (database threads not included) over "
-          f"{requests} proxied requests of {tokens // requests} tokens: busy {busy:.2f} s = "
+    print(f"cProfile of the proxy's event loop thread (not its database threads) over "
+          f"{requests} proxied requests of {max_tokens} tokens: busy {busy:.2f} s = "
           f"{busy / requests * 1000:.2f} ms per request, idle in epoll {idle:.2f} s. cProfile "
-          "slows Python code ~2x and system calls not at all: read shares, not absolutes.")
-    print("own time by package, per request:")
-    for group, seconds in own.most_common(14):
+          "slows Python code down ~2-3x and system calls not at all: read shares.")
+    print("own time by package (helpers charged to their callers), per request:")
+    for group, seconds in own.most_common(16):
         print(f"  {seconds / requests * 1000:7.2f} ms  {seconds / busy:4.0%}  {group}")
     text = io.StringIO()
     stats.stream = text
@@ -508,21 +571,28 @@ def print_profile(stats_path: Path, requests: int, tokens: int, lines: int = 25)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--requests-alone", type=int, default=12,
-                        help="requests per path per round at 1 stream")
-    parser.add_argument("--requests-each", type=int, default=2,
-                        help="requests per stream per round at 64 streams")
+    parser.add_argument("--alone", type=int, default=12,
+                        help="requests per path and round at 1 stream (default 12)")
+    parser.add_argument("--steady", type=float, default=4.0,
+                        help=f"seconds measured per path and round at {STREAMS} steady "
+                             "(default 4)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="the engine runs this many times faster than the card")
     parser.add_argument("--redis-db", type=int, default=15,
                         help="the Redis database (on REDIS_URL's server) the proxy uses")
     parser.add_argument("--profile", action="store_true",
-                        help="run the proxy under cProfile, send it the proxied load only, "
-                             "and print where its time goes")
+                        help="run the proxy under cProfile, send it the proxied loads only, "
+                             "and print where its event loop's time goes")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
+    profile = get_profile(PROFILE)
+    # Half a stream's duration among 64: the steady clients' starts are spread over it.
+    spread_s = args.max_tokens * STREAMS / (profile.aggregate_tps(STREAMS) * args.time_scale) / 2
+    loads = [Load("1 stream", 1, args.alone),
+             Load(f"{STREAMS} steady", STREAMS, spread_s=spread_s, measure_s=args.steady),
+             Load(f"{STREAMS} at once", STREAMS)]
 
     old = setup_databases(verbosity=0, interactive=False)
     db_name = settings.DATABASES["default"]["NAME"]
@@ -531,7 +601,8 @@ def main() -> int:
     ok = True
     try:
         engine_port, proxy_port = free_port(), free_port()
-        engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
+        engine_url = f"http://127.0.0.1:{engine_port}"
+        proxy_url = f"http://127.0.0.1:{proxy_port}"
         token = make_rows(engine_url)
         redis_url = bench_redis_url(args.redis_db)
         env = {**os.environ, "DATABASE_URL": bench_database_url(db_name),
@@ -540,8 +611,8 @@ def main() -> int:
         engine = start([sys.executable, "-m", "fleetsim", "serve", "--profile", PROFILE,
                         "--port", str(engine_port), "--time-scale", str(args.time_scale)],
                        env, workdir / "engine.log")
+        stats_path = workdir / "proxy.prof"
         if args.profile:
-            stats_path = workdir / "proxy.prof"
             cmd = [sys.executable, "-c", _PROFILED, str(proxy_port), str(stats_path)]
         else:
             cmd = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host",
@@ -552,47 +623,46 @@ def main() -> int:
         wait_http(proxy_url + "/healthz", rigshare, "the proxy")
         connection.close()
 
-        profile = get_profile(PROFILE)
-        scale = args.time_scale
         direct = Route("direct", engine_url, profile.model, args.max_tokens)
         proxied = Route("proxied", proxy_url, MODEL, args.max_tokens, token)
+        scale = args.time_scale
         print(f"proxy benchmark: fleetsim {PROFILE} ({profile.engine}, time scale {scale:g}: "
               f"{profile.aggregate_tps(1) * scale:,.0f} tok/s alone, "
-              f"{profile.aggregate_tps(64) * scale:,.0f} over 64 streams) called directly and "
-              f"through Rigshare (uvicorn, 1 worker), {cores} CPUs, PostgreSQL "
+              f"{profile.aggregate_tps(STREAMS) * scale:,.0f} over {STREAMS} streams) called "
+              f"directly and through Rigshare (uvicorn, 1 worker), {cores} CPUs, PostgreSQL "
               f"{connection.pg_version // 10000} database {db_name}, Redis {redis_url}")
-        print(f"streams of {args.max_tokens} tokens, include_usage, a ~40-token prompt each; "
-              f"{args.rounds} rounds, direct and proxied alternating; per path and round "
-              f"{args.requests_alone} requests one by one, and {CONCURRENCY[-1]} streams x "
-              f"{args.requests_each} requests")
+        print(f"streams of {args.max_tokens} tokens (include_usage, a ~40-token prompt each); "
+              f"{args.rounds} rounds, direct and proxied alternating; per path and round: "
+              f"{args.alone} requests one by one; {STREAMS} clients sending back to back, starts "
+              f"spread over {spread_s:.1f} s, then measured for {args.steady:g} s; {STREAMS} "
+              "requests at once")
         yardstick = min(timeit.repeat("sum(range(1000))", number=10_000, repeat=5)) / 10_000
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
               f"CPU yardstick sum(range(1000)): {yardstick * 1e6:.1f} µs", flush=True)
 
+        warm_up = STREAMS + 3
         if args.profile:
-            requests = asyncio.run(profile_load(args, proxied, rigshare.pid, stats_path))
-            print_profile(stats_path, requests, requests * args.max_tokens)
-            expected = requests + CONCURRENCY[-1] + 3  # the warm-up's too
+            profiled = asyncio.run(profile_load(loads, proxied, rigshare.pid, stats_path))
+            print_profile(stats_path, profiled, args.max_tokens)
+            expected = profiled + warm_up
         else:
             watch = CpuWatch(engine.pid, rigshare.pid, db_name)
-            results = asyncio.run(measure(args, direct, proxied, watch))
-            report(results, args, cores)
-            proxied_phases = [ph for (c, n), phs in results.items() if n == "proxied"
-                              for ph in phs]
-            direct_phases = [ph for (c, n), phs in results.items() if n == "direct"
-                             for ph in phs]
-            bad = problems_of(proxied_phases, args.max_tokens)
-            bad_direct = problems_of(direct_phases, args.max_tokens)
-            streams = sum(len(ph.streams) for ph in proxied_phases)
-            # Warm-up: 64 + 3 proxied requests before the measured ones.
-            expected = streams + CONCURRENCY[-1] + 3
-            if bad or bad_direct:
+            results, idle = asyncio.run(measure(args, loads, direct, proxied, watch))
+            report(loads, results, idle, cores)
+            by_path = {name: [ph for (_, n), phs in results.items() if n == name for ph in phs]
+                       for name in ("direct", "proxied")}
+            bad = {name: stream_problems(phases, args.max_tokens)
+                   for name, phases in by_path.items()}
+            streams = sum(len(ph.streams) for ph in by_path["proxied"])
+            expected = streams + warm_up
+            if bad["direct"] or bad["proxied"]:
                 ok = False
-                print(f"STREAM PROBLEMS: proxied {len(bad)} ({'; '.join(sorted(set(bad))[:5])})"
-                      f", direct {len(bad_direct)}")
+                print(f"STREAM PROBLEMS: proxied {len(bad['proxied'])} "
+                      f"({'; '.join(sorted(set(bad['proxied']))[:5])}), direct "
+                      f"{len(bad['direct'])} ({'; '.join(sorted(set(bad['direct']))[:5])})")
             else:
-                print(f"every stream delivered its {args.max_tokens} tokens, the usage chunk "
-                      f"and [DONE] ({streams} proxied, {streams} direct)")
+                print(f"streams: every one delivered its {args.max_tokens} tokens, the usage "
+                      f"chunk and [DONE] ({streams} proxied, {streams} direct, warm-up aside)")
 
         deadline = time.monotonic() + 30
         while Charge.objects.count() < expected and time.monotonic() < deadline:
@@ -611,7 +681,7 @@ def main() -> int:
     finally:
         stop(rigshare)
         stop(engine)
-        # The proxy's database threads are gone with it; end anything left, then drop.
+        # The proxy's database threads went with it; end anything left, then drop.
         with connection.cursor() as cur:
             cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                         " WHERE datname = current_database() AND pid <> pg_backend_pid()")

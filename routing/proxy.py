@@ -170,23 +170,19 @@ async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpRespon
         if key.allowed_models and model.name not in key.allowed_models:
             raise openai.ApiError(403, f"This API key may not use '{model.name}'.",
                                   type_="permission_error", code="model_not_allowed")
-        hold = None
+        reserving = None
         # A renter's own card is paid for by the second (marketplace rentals): its tokens are
-        # not billed again. Everything else holds the worst case before the call.
+        # not billed again. Everything else holds the worst case before the first byte.
         if candidates[0].renter_id != key.user_id:
             max_cost = metering.max_cost_micros(price, prompt_tokens=request.prompt_tokens,
                                                 max_tokens=max_tokens)
-            try:
-                hold = await calls.run(
-                    metering.reserve, key=key, model=model.name, price=price,
-                    max_cost=max_cost, request_id=outcome.request_id,
-                    tokens=request.prompt_tokens + max_tokens, now=now)
-            except metering.MeteringError as exc:
-                raise openai.ApiError(exc.status, exc.message, type_=exc.type,
-                                      code=exc.code) from None
+            reserving = asyncio.ensure_future(calls.run(
+                metering.reserve, key=key, model=model.name, price=price, max_cost=max_cost,
+                request_id=outcome.request_id, tokens=request.prompt_tokens + max_tokens,
+                now=now))
     except openai.ApiError as exc:
         return _error(exc, outcome)
-    return await _proxy(request, model.name, max_tokens, candidates, hold, outcome,
+    return await _proxy(request, model.name, max_tokens, candidates, reserving, outcome,
                         snap.version)
 
 
@@ -204,30 +200,63 @@ class _Retry(Exception):
     """The worker failed before sending anything: the next one may try."""
 
 
+class _Refused(Exception):
+    """Metering refused the request (402, 429...): nothing may reach the client."""
+
+
+async def _held(reserving) -> metering.HoldInfo | None:
+    if reserving is None:
+        return None
+    try:
+        return await reserving
+    except metering.MeteringError as exc:
+        raise _Refused(openai.ApiError(exc.status, exc.message, type_=exc.type,
+                                       code=exc.code)) from None
+
+
 async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens: int,
-                 candidates: list, hold: metering.HoldInfo | None, outcome: Outcome,
-                 version: str) -> HttpResponse:
+                 candidates: list, reserving, outcome: Outcome, version: str) -> HttpResponse:
+    """Reserve and the first upstream attempt run at once (the hold is known within a
+    millisecond or two, the engine's first token takes longer): no byte reaches the client,
+    and no usage is settled, before the hold exists. A refusal cancels the attempt, which
+    aborts the engine's request."""
     last_error = openai.ApiError(503, "No worker could take this request; retry shortly.",
                                  type_="server_error", code="no_capacity")
+    path = "/v1/chat/completions" if request.endpoint == "chat" else "/v1/completions"
+    hold = None
     for worker in candidates:
         outcome.attempts += 1
         outcome.worker = worker
         body = openai.upstream_body(request, engine_model=worker.engine_model,
                                     max_tokens=max_tokens)
-        path = "/v1/chat/completions" if request.endpoint == "chat" else "/v1/completions"
         INFLIGHT[worker.deployment_id] += 1
         handed_over = False
+        state = _StreamState(request.include_usage, _model_patterns(worker.engine_model),
+                             _model_patterns(public_model)) if request.stream else None
+        attempt = asyncio.ensure_future(
+            _open_stream(worker, path, body, state) if request.stream
+            else _fetch(worker, path, body))
         try:
+            if hold is None:
+                hold = await _held(reserving)
+            answer = await attempt
             if request.stream:
-                response = await _open_stream(worker, path, body, request, public_model,
-                                              hold, outcome)
+                resp, chunks, first = answer
+                BREAKER.success(worker.deployment_id)
+                outcome.ttft_s = time.perf_counter() - outcome.started
+                response = StreamingHttpResponse(
+                    _relay(first, chunks, resp, state, worker, hold, request, outcome),
+                    content_type="text/event-stream; charset=utf-8",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
                 handed_over = True  # the stream's own finally gives the slot back
-                return _headers(response, worker, outcome, version)
-            response = await _call_once(worker, path, body, public_model, hold, request,
-                                        outcome)
+            else:
+                response = await _answer(answer, worker, public_model, hold, request, outcome)
             return _headers(response, worker, outcome, version)
         except _Retry as retry:
             last_error = retry.args[0]
+        except _Refused as refused:
+            await _abandon(attempt)
+            return _error(refused.args[0], outcome)
         except openai.ApiError as exc:  # the engine refused the request itself (4xx)
             await _release(hold)
             return _error(exc, outcome)
@@ -235,14 +264,37 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
             # Cancelled (the client left) or a bug: nothing was delivered, but the engine
             # may have read the prompt; bill it, as a cut stream is.
             outcome.status, outcome.error_code = 499, "client_disconnected"
-            _spawn(_settle(hold, metering.Usage(request.prompt_tokens, 0, estimated=True),
-                           worker, outcome, finish=True))
+            _spawn(_abandon(attempt))
+            _spawn(_settle_late(reserving, hold, request, worker, outcome))
             raise
         finally:
             if not handed_over:
                 _slot_free(worker)
     await _release(hold)
     return _error(last_error, outcome)
+
+
+async def _abandon(attempt: asyncio.Future) -> None:
+    """Stop an upstream attempt nobody will read: its connection is closed, the engine aborts."""
+    if not attempt.done():
+        attempt.cancel()
+    try:
+        answer = await attempt
+    except BaseException:  # cancelled, or it failed: nothing to close
+        return
+    if isinstance(answer, tuple):  # a stream that had started
+        await answer[0].aclose()
+
+
+async def _settle_late(reserving, hold, request, worker, outcome) -> None:
+    if hold is None and reserving is not None:
+        try:
+            hold = await reserving
+        except Exception:  # refused: nothing was held, nothing to bill
+            outcome.finish()
+            return
+    await _settle(hold, metering.Usage(request.prompt_tokens, 0, estimated=True), worker,
+                  outcome, finish=True)
 
 
 def _slot_free(worker: placement.Worker) -> None:
@@ -256,7 +308,7 @@ def _upstream_failed(worker: placement.Worker, message: str) -> _Retry:
     return _Retry(openai.ApiError(502, message, type_="server_error", code="upstream_error"))
 
 
-async def _call_once(worker, path, body, public_model, hold, request, outcome) -> HttpResponse:
+async def _fetch(worker, path, body) -> httpx.Response:
     try:
         resp = await _client().post(worker.url + path, content=body,
                                     headers={"content-type": "application/json"})
@@ -264,6 +316,10 @@ async def _call_once(worker, path, body, public_model, hold, request, outcome) -
         raise _upstream_failed(worker, f"The worker could not be reached "
                                f"({type(exc).__name__}).") from None
     _check_status(worker, resp.status_code, resp.content)
+    return resp
+
+
+async def _answer(resp, worker, public_model, hold, request, outcome) -> HttpResponse:
     BREAKER.success(worker.deployment_id)
     outcome.ttft_s = time.perf_counter() - outcome.started
     try:
@@ -348,7 +404,8 @@ def _model_patterns(name: str) -> tuple[bytes, bytes]:
     return b'"model":' + quoted, b'"model": ' + quoted
 
 
-async def _open_stream(worker, path, body, request, public_model, hold, outcome):
+async def _open_stream(worker, path, body, state: _StreamState):
+    """The engine's stream up to its first whole event: until then a retry is possible."""
     client = _client()
     upstream = client.build_request("POST", worker.url + path, content=body,
                                     headers={"content-type": "application/json",
@@ -358,15 +415,13 @@ async def _open_stream(worker, path, body, request, public_model, hold, outcome)
     except httpx.HTTPError as exc:
         raise _upstream_failed(worker, f"The worker could not be reached "
                                f"({type(exc).__name__}).") from None
-    state = _StreamState(request.include_usage, _model_patterns(worker.engine_model),
-                         _model_patterns(public_model))
     chunks = resp.aiter_raw()
     try:
         if resp.status_code != 200:
             content = await resp.aread()
             _check_status(worker, resp.status_code, content)
         first = b""
-        while not first:  # up to the first whole event: until then, a retry is still possible
+        while not first:
             try:
                 data = await anext(chunks)
             except StopAsyncIteration:
@@ -379,13 +434,7 @@ async def _open_stream(worker, path, body, request, public_model, hold, outcome)
     except BaseException:
         await resp.aclose()
         raise
-    BREAKER.success(worker.deployment_id)
-    outcome.ttft_s = time.perf_counter() - outcome.started
-    return StreamingHttpResponse(_relay(first, chunks, resp, state, worker, hold, request,
-                                        outcome),
-                                 content_type="text/event-stream; charset=utf-8",
-                                 headers={"Cache-Control": "no-cache",
-                                          "X-Accel-Buffering": "no"})
+    return resp, chunks, first
 
 
 async def _relay(first, chunks, resp, state: _StreamState, worker, hold, request, outcome):

@@ -1,8 +1,7 @@
 """/v1: OpenAI-compatible endpoints (async views under uvicorn; no ORM on the request path)."""
 
-import ipaddress
-
 import hmac
+import ipaddress
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig

@@ -1,0 +1,98 @@
+"""The ASGI front: /v1's async views are called straight from the ASGI server, everything else
+goes through Django's ASGI handler.
+
+Django's handler costs a /v1 request 1-2.6 ms before the view runs (bench/proxy.py, docs/
+benchmarks.md): `request_started` and `request_finished` are sent through sync_to_async (two
+thread hops for signal receivers that manage the database connections of a thread that has
+none: /v1 reaches the database only through routing.calls), WhiteNoise is sync-only middleware
+(another hop), and sessions, CSRF, auth and messages have nothing to do for a bearer-key API.
+So the three /v1 views get the request as Django builds it (ASGIRequest) and their responses
+are sent here, with the same disconnect handling as Django's: the view's task is cancelled
+when the client goes away, which is how the proxy learns to stop the engine.
+"""
+
+import asyncio
+import contextlib
+import io
+
+from django.core.handlers.asgi import ASGIRequest
+from django.http import JsonResponse
+
+from routing import openai, views
+
+ROUTES = {
+    "/v1/chat/completions": views.chat_completions,
+    "/v1/completions": views.completions,
+    "/v1/models": views.models,
+}
+
+
+class Application:
+    def __init__(self, django_app):
+        self.django_app = django_app
+
+    async def __call__(self, scope, receive, send):
+        view = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
+        if view is None:
+            return await self.django_app(scope, receive, send)
+        body = await _read_body(receive)
+        if body is None:  # the client left while sending it
+            return
+        if body is _TOO_LARGE:
+            return await _send(JsonResponse(openai.error_body(
+                f"The request body is larger than {openai.MAX_BODY_BYTES} bytes.",
+                type_="invalid_request_error", code="request_too_large"), status=413), send)
+        request = ASGIRequest(scope, io.BytesIO(body))
+        serve = asyncio.ensure_future(_serve(view, request, send))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        await asyncio.wait((serve, gone), return_when=asyncio.FIRST_COMPLETED)
+        if serve.done():
+            gone.cancel()
+            serve.result()
+        else:
+            serve.cancel()  # the client left: the view's task is cancelled, as under Django
+            with contextlib.suppress(asyncio.CancelledError):
+                await serve
+
+
+_TOO_LARGE = object()
+
+
+async def _read_body(receive):
+    """The body; _TOO_LARGE past openai.MAX_BODY_BYTES (read on, kept no more); None if the
+    client left while sending it."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= openai.MAX_BODY_BYTES:
+            chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks) if size <= openai.MAX_BODY_BYTES else _TOO_LARGE
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _serve(view, request, send) -> None:
+    await _send(await view(request), send)
+
+
+async def _send(response, send) -> None:
+    headers = [(name.encode("latin-1"), value.encode("latin-1"))
+               for name, value in response.items()]
+    if not response.streaming:
+        headers.append((b"content-length", str(len(response.content)).encode()))
+    await send({"type": "http.response.start", "status": response.status_code,
+                "headers": headers})
+    if not response.streaming:
+        await send({"type": "http.response.body", "body": response.content})
+        return
+    async for chunk in response:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
