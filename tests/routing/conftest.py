@@ -26,15 +26,22 @@ TIME_SCALE = 40  # fleetsim engines run this many times faster than the cards
 
 
 @pytest.fixture(scope="session")
-def rigshare_server(django_db_setup):
+def rigshare_server(django_db_setup, django_db_blocker):
     # Torn down before the test database is dropped: its threads' connections close first.
     from config.asgi import application
 
     with ServerThread(application) as server:
         yield server
+    from django.db import connection
+
     from routing import calls
 
     calls.close_connections()
+    # Pages served through Django's handler ran in threads of their own that are gone now,
+    # their connections with no one to close them: end them before the database is dropped.
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                       " WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
 
 def _quiet(timeout: float = 10.0) -> None:

@@ -1,5 +1,7 @@
 """/v1 through the official openai SDK and plain httpx, over fleetsim workers."""
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -155,14 +157,33 @@ def test_unknown_model_is_404_and_wrong_paths_and_methods_are_json(v1, engine, d
     _error(httpx.get(v1 + "/embeddings"), 404, "unknown_url")
 
 
-def test_no_credit_is_402_and_nothing_reaches_a_worker(v1, engine, deploy, mallory):
+def test_no_credit_is_402_and_the_started_attempt_is_abandoned(v1, engine, deploy, mallory,
+                                                                settled):
+    """The reserve runs while the first upstream request is sent: a refusal closes it, so the
+    engine stops at once and the client gets the 402, never a token."""
     from billing.keys import api_key_create
+    from tests.routing.test_failures import _running
 
-    deploy(engine())
+    url = engine("rtx-pro-6000", time_scale=1)  # 2,000 tokens would take ~20 s
+    deploy(url)
     _, key = api_key_create(user=mallory, name="broke")
-    _error(post(v1, key, {"model": MODEL, "messages": CHAT, "max_tokens": 10}), 402,
-           "insufficient_quota")
-    assert not Charge.objects.exists()
+    for stream in (False, True):
+        started = time.monotonic()
+        _error(post(v1, key, {"model": MODEL, "messages": CHAT, "max_tokens": 2000,
+                              "stream": stream}), 402, "insufficient_quota")
+        assert time.monotonic() - started < 5
+    settled()
+    deadline = time.monotonic() + 5
+    while _running(httpx.get(url + "/metrics").text) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running(httpx.get(url + "/metrics").text) == 0
+    assert not Charge.objects.exists() and not Hold.objects.exists()
+
+
+def test_other_paths_still_go_through_django(v1):
+    base = v1.removesuffix("/v1")
+    assert httpx.get(base + "/healthz").json() == {"status": "ok"}
+    assert httpx.get(base + "/").status_code == 200  # the catalog page, with its middleware
 
 
 def test_no_worker_is_503_and_a_prompt_too_long_for_every_worker_is_400(v1, engine, deploy,
