@@ -1,9 +1,12 @@
 """API keys: `rs_<public id>_<secret>`, stored as prefix + HMAC, looked up by prefix, checked in
 constant time, and cached briefly as plain values so the request path skips the database."""
 
+import asyncio
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.core.cache import cache
+from django.core.cache.backends.redis import RedisSerializer
 from django.db import transaction
 from django.utils import timezone
 
@@ -81,3 +84,37 @@ def api_key_authenticate(token: str) -> KeyInfo | None:
     if ok:
         ApiKey.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
     return info
+
+
+_async_clients: dict = {}
+
+
+def _async_redis():
+    """One asyncio Redis client per event loop (its connections belong to that loop)."""
+    import redis.asyncio
+
+    loop = asyncio.get_running_loop()
+    client = _async_clients.get(loop)
+    if client is None:
+        client = _async_clients[loop] = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+    return client
+
+
+async def api_key_cached(token: str) -> tuple[bool, KeyInfo | None]:
+    """(True, what api_key_authenticate would answer) when the answer is in the cache, read on
+    the event loop (one async Redis GET, ~75 µs) instead of from a thread (~0.8 ms under a
+    busy server); (False, None) when the caller must ask api_key_authenticate. The entry is
+    the one api_key_authenticate writes through Django's cache, read with Django's own key and
+    serializer."""
+    if secret_prefix(token, KIND) is None:
+        return True, None
+    if not settings.REDIS_URL:
+        return False, None
+    raw = await _async_redis().get(cache.make_key(_cache_key(secret_digest(token))))
+    if raw is None:
+        return False, None
+    cached = RedisSerializer().loads(raw)
+    if cached == _CHANGED:
+        return False, None
+    return True, cached or None
+

@@ -21,7 +21,7 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 
 from billing import metering
-from billing.keys import api_key_authenticate
+from billing.keys import api_key_authenticate, api_key_cached
 from routing import calls, metrics, openai, placement, requestlog
 from routing.pool import INFLIGHT, POOL
 
@@ -131,7 +131,9 @@ async def authenticate(authorization: str):
     if token is None:
         raise openai.ApiError(401, "You didn't provide an API key: send it as "
                               "'Authorization: Bearer rs_...'.", code="missing_api_key")
-    key = await calls.run(api_key_authenticate, token)
+    found, key = await api_key_cached(token)
+    if not found:
+        key = await calls.run(api_key_authenticate, token)
     if key is None:
         raise openai.ApiError(401, "Incorrect API key provided, or the key was revoked.",
                               code="invalid_api_key")

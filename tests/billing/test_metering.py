@@ -331,6 +331,27 @@ def test_revoked_key_no_longer_authenticates(carol):
     assert api_key_authenticate("rs_nope") is None
 
 
+def test_the_event_loops_cache_read_agrees_with_authenticate(carol):
+    """api_key_cached reads what api_key_authenticate cached, on an event loop; anything it
+    cannot answer (not cached, or changed since) goes back to api_key_authenticate."""
+    import asyncio
+
+    from billing.keys import api_key_cached
+
+    row, token = api_key_create(user=carol, name="laptop")
+    assert asyncio.run(api_key_cached(token)) == (False, None)  # not cached yet
+    api_key_authenticate(token)
+    assert asyncio.run(api_key_cached(token)) == (True, KeyInfo.of(row))
+    forged = token[:-4] + ("aaaa" if not token.endswith("aaaa") else "bbbb")
+    assert asyncio.run(api_key_cached(forged)) == (False, None)
+    assert api_key_authenticate(forged) is None
+    assert asyncio.run(api_key_cached(forged)) == (True, None)  # a known-bad key, cached
+    assert asyncio.run(api_key_cached("not-a-key")) == (True, None)
+    api_key_revoke(user=carol, key_id=row.pk)
+    assert asyncio.run(api_key_cached(token)) == (False, None)  # changed: ask again
+    assert api_key_authenticate(token) is None
+
+
 def test_a_key_revoked_while_it_is_being_authenticated_stays_revoked(carol, monkeypatch):
     """Authenticate reads the row, then caches what it read for 30 s; revoke updates the row,
     then deletes the cache entry. A revoke landing between the read and the cache write is
