@@ -57,7 +57,7 @@ cat <<BANNER
     admin@rigshare.test / demo-admin-2026   operator: ${URL}/admin/
 
   OpenAI-compatible API: ${URL}/v1  (model ${model}; the fleet serves it once verification
-  has measured its cards, a minute or two after start; until then /v1 answers 503)
+  has measured its cards, a few minutes after start; until then /v1 answers 503)
     curl ${URL}/v1/chat/completions -H "Authorization: Bearer ${key}" \\
       -H "Content-Type: application/json" \\
       -d '{"model": "${model}", "messages": [{"role": "user", "content": "Hello"}], "stream": true}'
