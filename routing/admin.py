@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import format_html
 
+from billing.admin import ReadOnlyAdmin
 from billing.models import ModelPrice
 from billing.pricing import format_usd
 from routing.models import Deployment, EngineModel, Model, RequestLog
@@ -73,19 +74,10 @@ class DeploymentAdmin(admin.ModelAdmin):
 
 
 @admin.register(RequestLog)
-class RequestLogAdmin(admin.ModelAdmin):
+class RequestLogAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "request_id", "endpoint", "model", "deployment_id", "stream",
                     "status", "error_code", "prompt_tokens", "completion_tokens", "estimated",
                     "ttft_ms", "latency_ms")
     list_filter = ("status", "endpoint", "stream", "estimated")
     search_fields = ("request_id", "model", "error_code")
     date_hierarchy = "created_at"
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
