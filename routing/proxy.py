@@ -14,7 +14,7 @@ import random
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
@@ -33,6 +33,7 @@ DEFAULT_MAX_TOKENS = 1024  # when the client sets no bound (the hold must have o
 ATTEMPTS = 2  # the first worker, then once the next one, before the first byte only
 BREAKER_FAILURES = 3  # consecutive failures that open a worker's circuit...
 BREAKER_OPEN_S = 15.0  # ...for this long; then one request may try it again
+SETTLE_RETRIES = (0.2, 1.0, 5.0, None)  # pauses between settle attempts (None: give up)
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n")
 # A chunk that carries text: a chat delta's content or a completion's text, not empty.
@@ -105,7 +106,6 @@ class Outcome:
     completion_tokens: int = 0
     estimated: bool = False
     ttft_s: float | None = None
-    extra: dict = field(default_factory=dict)
 
     def finish(self) -> None:
         latency = time.perf_counter() - self.started
@@ -486,14 +486,23 @@ async def _settle(hold, usage: metering.Usage, worker: placement.Worker, outcome
     outcome.prompt_tokens, outcome.completion_tokens = usage.prompt_tokens, \
         usage.completion_tokens
     outcome.estimated = usage.estimated
-    try:
-        if hold is not None:  # None: the renter's own card, paid for by the second
+    for pause in SETTLE_RETRIES if hold is not None else ():  # None: the renter's own card
+        try:
             await calls.run(metering.settle, hold=hold, usage=usage,
                             worker=metering.Worker(worker.provider_id, worker.ref))
-    except Exception:
-        # The hold stays pending and expires into a release: the consumer is not charged
-        # twice or for nothing, and the failure is loud.
-        log.exception("settle failed for %s", hold.request_id)
+            break
+        except metering.MeteringError:
+            log.exception("settle refused for %s", hold.request_id)
+            break
+        except Exception:
+            # The database away for a moment: settle is idempotent by request id, so try
+            # again. If it stays away, the hold expires into a release (the consumer is not
+            # charged twice, nor for nothing) and the loss is logged loudly.
+            if pause is None:
+                log.exception("settle failed for %s: its hold will expire unbilled",
+                              hold.request_id)
+                break
+            await asyncio.sleep(pause)
     if finish:
         outcome.finish()
 

@@ -193,3 +193,25 @@ def test_engine_refusing_the_request_itself_passes_its_error_and_bills_nothing(
         settled()
     assert Hold.objects.get().status == "released" and not Charge.objects.exists()
     assert not proxy.BREAKER.failures  # the client's mistake is not the worker's failure
+
+
+def test_a_settle_that_fails_for_a_moment_is_tried_again(v1, engine, deploy, carol_key,
+                                                         monkeypatch, settled):
+    from billing import metering
+
+    real, failures = metering.settle, []
+
+    def flaky(**kwargs):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("database away for a moment")
+        return real(**kwargs)
+
+    monkeypatch.setattr(metering, "settle", flaky)
+    deploy(engine())
+    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5})
+    assert response.status_code == 200
+    settled()
+    assert failures == [1]
+    assert Charge.objects.get().completion_tokens == 5
+    assert Hold.objects.get().status == "settled"
