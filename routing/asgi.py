@@ -93,6 +93,12 @@ async def _send(response, send) -> None:
     if not response.streaming:
         await send({"type": "http.response.body", "body": response.content})
         return
-    async for chunk in response:
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    await send({"type": "http.response.body", "body": b""})
+    relay = getattr(response, "relay", None)  # the proxy's event stream
+    try:
+        async for chunk in relay or response.streaming_content:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        # However it ended (done, cancelled, failed): the relay settles on aclose().
+        if relay is not None:
+            await relay.aclose()

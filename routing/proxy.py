@@ -246,11 +246,12 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
                 resp, chunks, first = answer
                 BREAKER.success(worker.deployment_id)
                 outcome.ttft_s = time.perf_counter() - outcome.started
+                relay = _Relay(first, chunks, resp, state, worker, hold, request, outcome)
                 response = StreamingHttpResponse(
-                    _relay(first, chunks, resp, state, worker, hold, request, outcome),
-                    content_type="text/event-stream; charset=utf-8",
+                    relay, content_type="text/event-stream; charset=utf-8",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-                handed_over = True  # the stream's own finally gives the slot back
+                response.relay = relay  # routing.asgi closes it, whatever happens
+                handed_over = True  # the relay gives the slot back when it closes
             else:
                 response = await _answer(answer, worker, public_model, hold, request, outcome)
             return _headers(response, worker, outcome, version)
@@ -439,31 +440,65 @@ async def _open_stream(worker, path, body, state: _StreamState):
     return resp, chunks, first
 
 
-async def _relay(first, chunks, resp, state: _StreamState, worker, hold, request, outcome):
-    try:
-        yield first
-        try:
-            async for data in chunks:
-                out = state.feed(data)
-                if out:
-                    yield out
-            if not state.done:
-                raise httpx.RemoteProtocolError("the stream ended without [DONE]")
-        except httpx.HTTPError as exc:
-            # After the first byte there is no retry: tell the client, bill what it got.
-            BREAKER.failure(worker.deployment_id)
-            outcome.status, outcome.error_code = 502, "upstream_disconnected"
-            log.warning("worker %s failed mid-stream: %s", worker.ref, exc)
-            error = openai.error_body(
-                f"The worker stopped mid-stream ({type(exc).__name__}); you are billed only "
-                "for the tokens delivered.", type_="server_error",
-                code="upstream_disconnected")
-            yield b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
-    finally:
-        # Also on cancellation (the client left): closing the response drops the upstream
-        # connection, which is how an engine learns to stop generating.
-        _slot_free(worker)
-        _spawn(_finish_stream(resp, state, worker, hold, request, outcome))
+class _Relay:
+    """The client's side of a stream: the engine's events as they come, then, once, the
+    settle. An iterator class rather than a generator so that its end is certain: `aclose()`
+    (routing.asgi calls it when the response is over, however it ended) settles even a stream
+    whose first chunk was never asked for, as when the client leaves right after the headers."""
+
+    def __init__(self, first, chunks, resp, state: _StreamState, worker, hold, request,
+                 outcome):
+        self.pending, self.chunks, self.resp, self.state = first, chunks, resp, state
+        self.worker, self.hold, self.request, self.outcome = worker, hold, request, outcome
+        self.ended = False  # no more events to send
+        self.closed = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.pending:
+            out, self.pending = self.pending, b""
+            return out
+        while not self.ended:
+            try:
+                data = await anext(self.chunks)
+            except StopAsyncIteration:
+                self.ended = True
+                if not self.state.done:
+                    return self._failed(httpx.RemoteProtocolError("the stream ended without "
+                                                                  "[DONE]"))
+                break
+            except httpx.HTTPError as exc:
+                self.ended = True
+                return self._failed(exc)
+            except BaseException:
+                await self.aclose()  # cancelled: the client left
+                raise
+            out = self.state.feed(data)
+            if out:
+                return out
+        await self.aclose()
+        raise StopAsyncIteration
+
+    def _failed(self, exc: Exception) -> bytes:
+        """After the first byte there is no retry: tell the client, bill what it got."""
+        BREAKER.failure(self.worker.deployment_id)
+        self.outcome.status, self.outcome.error_code = 502, "upstream_disconnected"
+        log.warning("worker %s failed mid-stream: %s", self.worker.ref, exc)
+        error = openai.error_body(
+            f"The worker stopped mid-stream ({type(exc).__name__}); you are billed only for "
+            "the tokens delivered.", type_="server_error", code="upstream_disconnected")
+        return b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        # Closing the engine's response drops its connection: the engine stops generating.
+        _slot_free(self.worker)
+        _spawn(_finish_stream(self.resp, self.state, self.worker, self.hold, self.request,
+                              self.outcome))
 
 
 async def _finish_stream(resp, state: _StreamState, worker, hold, request, outcome):
