@@ -175,6 +175,10 @@ def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
                     models=entries, workers=frozen, load=load_exchange(dict(INFLIGHT)))
 
 
+class PoolUnavailable(Exception):
+    """No snapshot could be built (the database is away) and none was built before."""
+
+
 class Pool:
     """This process's snapshot and the task that keeps it fresh on the running event loop."""
 
@@ -195,7 +199,13 @@ class Pool:
             self._task = loop.create_task(self._run())
         snap = self.snapshot
         if snap is None or time.monotonic() - snap.built_at > MAX_AGE_S:
-            snap = await self.refresh()
+            try:
+                snap = await self.refresh()
+            except Exception as exc:
+                if snap is None:
+                    raise PoolUnavailable from exc
+                # The database away: the last snapshot is better than no answer.
+                log.exception("pool refresh failed; serving snapshot %s", snap.version)
         return snap
 
     def invalidate(self) -> None:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from billing import metering
 from billing.keys import api_key_authenticate, api_key_cached
 from routing import calls, metrics, openai, placement, requestlog
-from routing.pool import INFLIGHT, POOL
+from routing.pool import INFLIGHT, POOL, PoolUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpRespon
         outcome.user_id, outcome.key_id = key.user_id, key.key_id
         request = openai.parse(raw, endpoint)
         outcome.stream, outcome.model = request.stream, request.model
-        snap = await POOL.current()
+        snap = await pool()
         model = snap.models.get(request.model)
         if model is None:
             raise openai.ApiError(404, f"The model '{request.model}' does not exist.",
@@ -186,6 +186,15 @@ async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpRespon
         return _error(exc, outcome)
     return await _proxy(request, model.name, max_tokens, candidates, reserving, outcome,
                         snap.version)
+
+
+async def pool():
+    try:
+        return await POOL.current()
+    except PoolUnavailable:
+        raise openai.ApiError(503, "The service cannot read its worker pool right now; retry "
+                              "shortly.", type_="server_error", code="service_unavailable") \
+            from None
 
 
 def _headers(response: HttpResponse, worker: placement.Worker, outcome: Outcome,

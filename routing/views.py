@@ -28,9 +28,9 @@ async def models(request):
         return _method_not_allowed(request, "GET")
     try:
         await proxy.authenticate(request.headers.get("Authorization", ""))
+        snap = await proxy.pool()
     except openai.ApiError as exc:
         return JsonResponse(exc.body(), status=exc.status)
-    snap = await POOL.current()
     data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "rigshare",
              "context_length": m.context_length,
              "available": bool(snap.workers.get(m.name))}

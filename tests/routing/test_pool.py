@@ -201,3 +201,29 @@ def test_models_marks_what_can_be_served_now(v1, engine, deploy, carol_key):
     data = httpx.get(v1 + "/models", headers={"Authorization": f"Bearer {carol_key}"}).json()
     assert {m["id"]: m["available"] for m in data["data"]} == {"idle-model": False,
                                                                MODEL: True}
+
+
+def test_a_database_outage_serves_the_last_snapshot_or_answers_503(monkeypatch, deploy):
+    deploy("http://a")
+    calls = []
+
+    def failing(generation):
+        calls.append(generation)
+        raise RuntimeError("database away")
+
+    holder = pool.Pool(builder=pool.build, refresh_s=60)
+
+    async def run():
+        first = await holder.current()
+        holder.builder = failing
+        holder.snapshot = pool.Snapshot(**{**first.__dict__, "built_at": 0.0})  # too old
+        kept = await holder.current()
+        holder.snapshot = None
+        try:
+            await holder.current()
+        except pool.PoolUnavailable:
+            return first, kept, True
+        return first, kept, False
+
+    first, kept, refused = asyncio.run(run())
+    assert kept.version == first.version and refused and len(calls) >= 2
