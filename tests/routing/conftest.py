@@ -25,23 +25,27 @@ OUT_PER_MTOK = 800_000  # $0.80 per 1M output tokens
 TIME_SCALE = 40  # fleetsim engines run this many times faster than the cards
 
 
-@pytest.fixture(scope="session")
-def rigshare_server(django_db_setup, django_db_blocker):
-    # Torn down before the test database is dropped: its threads' connections close first.
-    from config.asgi import application
-
-    with ServerThread(application) as server:
-        yield server
+@pytest.fixture(scope="session", autouse=True)
+def _database_threads_closed(django_db_setup, django_db_blocker):
+    """The proxy's database threads (routing.calls), and the threads Django's handler served
+    pages in, keep connections open: close them before the test database is dropped."""
+    yield
     from django.db import connection
 
     from routing import calls
 
     calls.close_connections()
-    # Pages served through Django's handler ran in threads of their own that are gone now,
-    # their connections with no one to close them: end them before the database is dropped.
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                        " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+@pytest.fixture(scope="session")
+def rigshare_server(_database_threads_closed):
+    from config.asgi import application
+
+    with ServerThread(application) as server:
+        yield server
 
 
 def _quiet(timeout: float = 10.0) -> None:
