@@ -231,9 +231,10 @@ async def run_phase(client: httpx.AsyncClient, route: Route, load: Load,
 def new_client() -> httpx.AsyncClient:
     # One client per path: httpcore's pool looks at every connection of every origin on each
     # request (quadratic in the pool's size), so a shared one would tax both paths with both
-    # pools' connections.
+    # pools' connections. Kept-alive connections are dropped after 4 s, before uvicorn's
+    # 5 s: a request sent on a connection the server is closing fails with a ReadError.
     return httpx.AsyncClient(timeout=120, limits=httpx.Limits(
-        max_connections=256, max_keepalive_connections=256))
+        max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0))
 
 
 # --- CPU: which process used the cores ---

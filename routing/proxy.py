@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from billing import metering
 from billing.keys import api_key_authenticate, api_key_cached
-from routing import calls, metrics, openai, placement, requestlog
+from routing import calls, metrics, openai, placement, requestlog, upstream
 from routing.pool import INFLIGHT, POOL, PoolUnavailable
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,8 @@ def _client() -> httpx.AsyncClient:
     client = _clients.get(loop)
     if client is None:
         client = httpx.AsyncClient(
-            timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S, pool=10.0),
-            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=500,
-                                keepalive_expiry=30.0))
+            transport=upstream.Transport(), headers={"accept-encoding": "identity"},
+            timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
         _clients[loop] = client
     return client
 
@@ -511,7 +510,10 @@ class _Relay:
 
 
 async def _finish_stream(resp, state: _StreamState, worker, hold, request, outcome):
-    await resp.aclose()
+    try:
+        await resp.aclose()
+    except Exception:  # whatever closing the engine's side did, the stream is billed
+        log.exception("closing %s's stream failed", worker.ref)
     if state.usage and outcome.status == 200:
         usage = metering.Usage(int(state.usage.get("prompt_tokens") or 0),
                                int(state.usage.get("completion_tokens") or 0))
