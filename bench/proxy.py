@@ -586,6 +586,8 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="run the proxy under cProfile, send it the proxied loads only, "
                              "and print where its event loop's time goes")
+    parser.add_argument("--profile-out", metavar="PATH",
+                        help="with --profile, keep the cProfile stats file here (pstats)")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     profile = get_profile(PROFILE)
@@ -645,6 +647,8 @@ def main() -> int:
         if args.profile:
             profiled = asyncio.run(profile_load(loads, proxied, rigshare.pid, stats_path))
             print_profile(stats_path, profiled, args.max_tokens)
+            if args.profile_out:
+                shutil.copy(stats_path, args.profile_out)
             expected = profiled + warm_up
         else:
             watch = CpuWatch(engine.pid, rigshare.pid, db_name)

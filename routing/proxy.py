@@ -8,12 +8,12 @@ name so that only the headers tell which engine answered.
 """
 
 import asyncio
+import http.cookiejar
 import json
 import logging
 import random
 import re
 import time
-import uuid
 from dataclasses import dataclass
 
 import httpx
@@ -75,9 +75,32 @@ def _client() -> httpx.AsyncClient:
     if client is None:
         client = httpx.AsyncClient(
             transport=upstream.Transport(), headers={"accept-encoding": "identity"},
-            timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+            timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            cookies=_NoCookies())
         _clients[loop] = client
     return client
+
+
+class _NoCookies(http.cookiejar.CookieJar):
+    """The client is shared by every consumer's requests: a cookie an engine sets must not
+    travel with the next consumer's request (and keeping none skips the jar's work)."""
+
+    def extract_cookies(self, response, request) -> None:
+        pass
+
+
+_urls: dict[str, httpx.URL] = {}
+
+
+def _url(worker: placement.Worker, path: str) -> httpx.URL:
+    """Parsed once per worker and path (httpx parses a string URL in Python each time)."""
+    text = worker.url + path
+    url = _urls.get(text)
+    if url is None:
+        if len(_urls) > 10_000:  # workers come and go
+            _urls.clear()
+        url = _urls[text] = httpx.URL(text)
+    return url
 
 
 def _spawn(coro) -> None:
@@ -140,7 +163,9 @@ async def authenticate(authorization: str):
 
 
 async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpResponse:
-    outcome = Outcome(request_id=f"req-{uuid.uuid4().hex}", endpoint=endpoint,
+    # 128 random bits from `random` (seeded from os.urandom, again in a forked child): unique
+    # as a uuid4, without a getrandom system call per request.
+    outcome = Outcome(request_id=f"req-{random.getrandbits(128):032x}", endpoint=endpoint,
                       started=time.perf_counter())
     try:
         key = await authenticate(authorization)
@@ -321,7 +346,7 @@ def _upstream_failed(worker: placement.Worker, message: str) -> _Retry:
 
 async def _fetch(worker, path, body) -> httpx.Response:
     try:
-        resp = await _client().post(worker.url + path, content=body,
+        resp = await _client().post(_url(worker, path), content=body,
                                     headers={"content-type": "application/json"})
     except httpx.HTTPError as exc:
         raise _upstream_failed(worker, f"The worker could not be reached "
@@ -377,16 +402,29 @@ class _StreamState:
     done: bool = False
 
     def feed(self, data: bytes) -> bytes:
-        self.buf += data
+        buf = self.buf + data if self.buf else data
+        if b"\r" in buf:  # CRLF line ends (no engine we know sends them, but SSE allows them)
+            return self._feed_crlf(buf)
+        end = buf.rfind(b"\n\n") + 2
+        if end == 1:  # no whole event yet
+            self.buf = buf
+            return b""
+        self.buf = buf[end:]
+        if buf.find(b"\n\n") + 2 == end:  # the usual case: one event
+            return self._event(buf[:end] if end < len(buf) else buf)
+        out, start = [], 0
+        while start < end:
+            stop = buf.index(b"\n\n", start) + 2
+            out.append(self._event(buf[start:stop]))
+            start = stop
+        return b"".join(out)
+
+    def _feed_crlf(self, buf: bytes) -> bytes:
         out = []
-        while True:
-            end = _EVENT_END.search(self.buf)
-            if end is None:
-                break
-            event, self.buf = self.buf[:end.end()], self.buf[end.end():]
-            event = self._event(event)
-            if event:
-                out.append(event)
+        while (end := _EVENT_END.search(buf)) is not None:
+            out.append(self._event(buf[:end.end()]))
+            buf = buf[end.end():]
+        self.buf = buf
         return b"".join(out)
 
     def _event(self, event: bytes) -> bytes:
@@ -418,7 +456,7 @@ def _model_patterns(name: str) -> tuple[bytes, bytes]:
 async def _open_stream(worker, path, body, state: _StreamState):
     """The engine's stream up to its first whole event: until then a retry is possible."""
     client = _client()
-    upstream = client.build_request("POST", worker.url + path, content=body,
+    upstream = client.build_request("POST", _url(worker, path), content=body,
                                     headers={"content-type": "application/json",
                                              "accept": "text/event-stream"})
     try:

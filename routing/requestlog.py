@@ -17,7 +17,7 @@ FLUSH_S = 1.0
 BATCH = 500
 MAX_BUFFERED = 50_000  # a database that stays away must not eat the process's memory
 
-_rows: list[RequestLog] = []
+_rows: list[dict] = []  # RequestLog fields
 _wake: dict = {}  # event loop -> (Event, flusher task)
 dropped = 0
 writing = 0  # batches taken from the buffer and not yet written
@@ -28,9 +28,11 @@ def add(outcome, latency_s: float) -> None:
     if len(_rows) >= MAX_BUFFERED:
         dropped += 1
         return
-    now = timezone.now()
-    _rows.append(RequestLog(
-        request_id=outcome.request_id, created_at=now - timedelta(seconds=latency_s),
+    # Plain values here; the model instances are made in the writing thread (~0.1 ms each
+    # on the event loop otherwise).
+    _rows.append(dict(
+        request_id=outcome.request_id,
+        created_at=timezone.now() - timedelta(seconds=latency_s),
         user_id=outcome.user_id, api_key_id=outcome.key_id, endpoint=outcome.endpoint,
         model=outcome.model[:200],
         deployment_id=outcome.worker.deployment_id if outcome.worker else None,
@@ -48,8 +50,8 @@ def add(outcome, latency_s: float) -> None:
         wake[0].set()
 
 
-def write(rows: list[RequestLog]) -> None:
-    RequestLog.objects.bulk_create(rows, batch_size=BATCH)
+def write(rows: list[dict]) -> None:
+    RequestLog.objects.bulk_create([RequestLog(**row) for row in rows], batch_size=BATCH)
 
 
 async def flush() -> int:

@@ -38,6 +38,8 @@ class _Connection(asyncio.Protocol):
         self._error: Exception | None = None
         self._waiter: asyncio.Future | None = None
         self._writable: asyncio.Future | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._wait_started = 0.0
         self._reset()
 
     def _reset(self):
@@ -124,22 +126,40 @@ class _Connection(asyncio.Protocol):
             self._waiter.set_result(None)
 
     async def wait(self, timeout: float | None, error) -> None:
-        """Until the parser made progress (or the connection ended)."""
+        """Until the parser made progress (or the connection ended), at most `timeout`."""
         if self._error is not None:
             raise self._error
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        if timeout is not None:
+            # One timer per connection, moved along lazily, rather than one per read: a
+            # stream waits once per token.
+            self._wait_started = loop.time()
+            if self._watchdog is None:
+                self._watchdog = loop.call_at(self._wait_started + timeout, self._watch,
+                                              timeout, error)
         try:
-            if timeout is None:
-                await self._waiter
-            else:
-                async with asyncio.timeout(timeout):
-                    await self._waiter
-        except TimeoutError:
-            raise error(f"the engine sent nothing for {timeout:.1f} s") from None
+            await self._waiter
         finally:
             self._waiter = None
         if self._error is not None:
             raise self._error
+
+    def _watch(self, timeout: float, error) -> None:
+        self._watchdog = None
+        if self._waiter is None or self._waiter.done():
+            return  # not waiting now: the next wait sets a new timer
+        loop = asyncio.get_running_loop()
+        due = self._wait_started + timeout
+        if loop.time() >= due:
+            self._waiter.set_exception(error(f"the engine sent nothing for {timeout:.1f} s"))
+        else:
+            self._watchdog = loop.call_at(due, self._watch, timeout, error)
+
+    def _stop_watch(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
 
     async def drain(self, timeout: float | None) -> None:
         if self._writable is None:
@@ -169,6 +189,7 @@ class _Connection(asyncio.Protocol):
                 and not self.body and self.keep_alive)
 
     def close(self) -> None:
+        self._stop_watch()
         self.parser = None
         if self.transport is not None:
             self.transport.close()
@@ -279,6 +300,7 @@ class Transport(httpx.AsyncBaseTransport):
             conn.close()
             return
         conn.parser = None
+        conn._stop_watch()
         idle = self._idle.setdefault(conn.origin, [])
         if len(idle) >= self.max_idle:
             conn.close()

@@ -60,7 +60,10 @@ def api_as():
 def _clear_cache():
     from django.core.cache import cache
 
+    from billing.keys import near_cache_clear
+
     cache.clear()
+    near_cache_clear()
     yield
 
 

@@ -352,6 +352,122 @@ def test_the_event_loops_cache_read_agrees_with_authenticate(carol):
     assert api_key_authenticate(token) is None
 
 
+@pytest.fixture
+def on_loop():
+    """An event loop in a thread of its own, as uvicorn's: `on_loop(coro)` runs a coroutine
+    there and returns its result, while this thread keeps the test's database transaction."""
+    import asyncio
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def run(coro, timeout=10.0):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+    yield run
+
+    async def shutdown():
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    run(shutdown())
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+
+
+async def _until(check, what: str, within: float = 5.0) -> None:
+    """Until check() (a coroutine function) is true."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + within
+    while not await check():
+        assert time.monotonic() < deadline, f"not {what} within {within} s"
+        await asyncio.sleep(0.005)
+
+
+def _listening(token, info):
+    from billing.keys import api_key_cached
+
+    async def check():
+        assert await api_key_cached(token) == (True, info)  # from Redis until then
+        return keys._NEAR.listening
+    return check
+
+
+def test_the_near_cache_answers_from_memory_and_forgets_a_key_the_moment_it_changes(
+        carol, on_loop):
+    """While the process listens for key changes, a key read from Redis is kept in memory: it
+    answers even when Redis no longer has it. A change made in this process drops it at once;
+    one announced by another process, as the announcement arrives."""
+    import redis
+    from django.conf import settings
+
+    from billing.keys import api_key_cached
+
+    row, token = api_key_create(user=carol, name="laptop")
+    other, other_token = api_key_create(user=carol, name="server")
+    api_key_authenticate(token)
+    api_key_authenticate(other_token)
+    info, other_info = KeyInfo.of(row), KeyInfo.of(other)
+    redis_key = keys._cache_key(keys.secret_digest(token))
+
+    on_loop(_until(_listening(token, info), "listening"))
+    assert on_loop(api_key_cached(token)) == (True, info)  # read from Redis and kept
+    assert on_loop(api_key_cached(other_token)) == (True, other_info)
+    cache.delete(redis_key)
+    assert on_loop(api_key_cached(token)) == (True, info)  # from memory alone
+    # Another process changes the key: Redis's entry marked, the change announced.
+    cache.set(redis_key, keys._CHANGED, 30)
+    redis.Redis.from_url(settings.REDIS_URL).publish(keys.CHANNEL, keys.secret_digest(token))
+
+    async def forgotten():
+        return await api_key_cached(token) == (False, None)
+    on_loop(_until(forgotten, "forgotten", within=1.0))
+    # A revoke in this process: gone before the next lookup, no waiting.
+    assert on_loop(api_key_cached(other_token)) == (True, other_info)
+    assert api_key_revoke(user=carol, key_id=other.pk) is True
+    assert on_loop(api_key_cached(other_token)) == (False, None)
+    assert api_key_authenticate(other_token) is None
+
+
+def test_the_near_cache_is_off_while_the_process_cannot_hear_changes(carol, on_loop):
+    """The listener's Redis connection killed: the near cache empties and goes unused (every
+    lookup reads Redis) until the process listens again."""
+    import redis
+    from django.conf import settings
+
+    from billing.keys import api_key_cached
+
+    row, token = api_key_create(user=carol, name="laptop")
+    api_key_authenticate(token)
+    info = KeyInfo.of(row)
+    redis_key = keys._cache_key(keys.secret_digest(token))
+    admin = redis.Redis.from_url(settings.REDIS_URL)
+
+    on_loop(_until(_listening(token, info), "listening"))
+    assert on_loop(api_key_cached(token)) == (True, info)  # kept in memory
+    killed = [c for c in admin.client_list(_type="pubsub") if c.get("name") == keys.LISTENER_NAME]
+    assert killed
+    for client in killed:
+        admin.client_kill_filter(_id=client["id"])
+
+    async def deaf():
+        return not keys._NEAR.listening
+    on_loop(_until(deaf, "deaf to changes"))
+    cache.delete(redis_key)
+    assert on_loop(api_key_cached(token)) == (False, None)  # not from the emptied memory
+    api_key_authenticate(token)
+    on_loop(_until(_listening(token, info), "listening again"))  # it subscribes again itself
+    cache.delete(redis_key)
+    assert on_loop(api_key_cached(token)) == (True, info)
+
+
 def test_a_key_revoked_while_it_is_being_authenticated_stays_revoked(carol, monkeypatch):
     """Authenticate reads the row, then caches what it read for 30 s; revoke updates the row,
     then deletes the cache entry. A revoke landing between the read and the cache write is

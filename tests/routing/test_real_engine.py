@@ -99,10 +99,17 @@ def test_openai_sdk_through_rigshare_to_a_real_llama_cpp_engine(
     chunks = list(raw.parse())
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     delivered = sum(1 for c in chunks if c.choices and c.choices[0].delta.content)
-    assert text == reply.choices[0].message.content  # the same tokens, streamed
+    # Not compared with the first answer's text: llama-cpp-python reuses the first request's KV
+    # cache for the shared prompt prefix, so the second runs other float sums and greedy
+    # decoding may part at a near tie (seen with this same build on another machine's CPU).
+    # Running to max_tokens pins the count instead: the engine generated exactly 16 tokens.
+    assert text
+    finished = [c.choices[0].finish_reason for c in chunks
+                if c.choices and c.choices[0].finish_reason]
+    assert finished == ["length"]
     settled()
     charge = Charge.objects.get(request_id=raw.headers["x-request-id"])
     # llama-cpp-python's server sends no usage chunk: billed the tokens delivered, estimated.
     assert not any(c.usage for c in chunks)
     assert (charge.completion_tokens, charge.estimated) == (delivered, True)
-    assert delivered == reply.usage.completion_tokens and charge.prompt_tokens > 0
+    assert delivered == 16 and charge.prompt_tokens > 0
