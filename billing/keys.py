@@ -9,7 +9,6 @@ at once in the process that made it), and a process that stops listening (Redis 
 connection lost) empties its near cache and reads Redis again until it listens once more."""
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -196,30 +195,87 @@ class _NearCache:
         self.entries.clear()
 
     async def _listen(self) -> None:
-        import redis.asyncio
-
-        # A ping every 10 s while listening: a connection that died silently is noticed.
-        client = redis.asyncio.Redis.from_url(settings.REDIS_URL, health_check_interval=10,
-                                              client_name=LISTENER_NAME)
-        pubsub = client.pubsub()
+        """SUBSCRIBE on a plain asyncio connection, speaking RESP itself: redis-py's pubsub
+        reader was seen to swallow the cancellation of its task (asyncio.run then never
+        returns), and this needs three commands."""
+        writer = None
         try:
-            await pubsub.subscribe(CHANNEL)
-            async for message in pubsub.listen():
-                if message["type"] == "subscribe":
+            reader, writer = await _redis_connect(settings.REDIS_URL)
+            writer.write(_command("CLIENT", "SETNAME", LISTENER_NAME)
+                         + _command("SUBSCRIBE", CHANNEL))
+            if await _reply(reader) != "OK":
+                raise ConnectionError("CLIENT SETNAME refused")
+            quiet = 0
+            while True:
+                try:
+                    async with asyncio.timeout(10.0):
+                        message = await _reply(reader)
+                except TimeoutError:
+                    # Nothing for 10 s: ask. No answer for another 10: the connection is dead.
+                    quiet += 1
+                    if quiet > 1:
+                        raise ConnectionError("Redis did not answer a PING") from None
+                    writer.write(_command("PING"))
+                    continue
+                quiet = 0
+                kind = message[0] if isinstance(message, list) and message else None
+                if kind == b"subscribe":
                     self.clear()  # anything announced before now was missed
                     self.listening = True
-                elif message["type"] == "message":
-                    self.drop(message["data"].decode())
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # Redis away: read it directly until listening again
+                elif kind == b"message":
+                    self.drop(message[2].decode())
+        except (OSError, ConnectionError, EOFError, ValueError) as exc:
+            # Redis away: read it directly until listening again.
             log.warning("API key announcements lost (%s): near cache off", exc)
         finally:
             self.listening = False
             self.clear()
-            with contextlib.suppress(Exception):  # the connection is gone either way
-                await pubsub.aclose()
-                await client.aclose()
+            if writer is not None:
+                writer.close()
+
+
+async def _redis_connect(url: str):
+    from redis.connection import parse_url
+
+    options = parse_url(url)
+    if "path" in options:
+        reader, writer = await asyncio.open_unix_connection(options["path"])
+    else:
+        reader, writer = await asyncio.open_connection(
+            options.get("host", "localhost"), options.get("port", 6379),
+            ssl=True if url.startswith("rediss://") else None)
+    if options.get("password"):
+        auth = [options["username"]] if options.get("username") else []
+        writer.write(_command("AUTH", *auth, options["password"]))
+        if await _reply(reader) != "OK":
+            raise ConnectionError("Redis refused the password")
+    return reader, writer
+
+
+def _command(*parts: str) -> bytes:
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        data = part.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+async def _reply(reader: asyncio.StreamReader):
+    """One RESP2 reply: "OK"-style strings as str, bulk strings as bytes, arrays as lists."""
+    line = await reader.readuntil(b"\r\n")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        raise ConnectionError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        size = int(rest)
+        return None if size < 0 else (await reader.readexactly(size + 2))[:-2]
+    if kind == b"*":
+        return [await _reply(reader) for _ in range(int(rest))]
+    raise ValueError(f"unexpected Redis reply {line[:40]!r}")
 
 
 _NEAR = _NearCache()
