@@ -464,6 +464,7 @@ def test_the_near_cache_is_off_while_the_process_cannot_hear_changes(carol, on_l
     assert on_loop(api_key_cached(token)) == (False, None)  # not from the emptied memory
     api_key_authenticate(token)
     on_loop(_until(_listening(token, info), "listening again"))  # it subscribes again itself
+    assert on_loop(api_key_cached(token)) == (True, info)  # read while listening: kept
     cache.delete(redis_key)
     assert on_loop(api_key_cached(token)) == (True, info)
 
