@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from accounts.secrets import secret_digest, secret_issue, secret_matches, secret_prefix
 from billing.models import ApiKey
+from config.redis import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def _changed(digest: str) -> None:
     cache.set(_cache_key(digest), _CHANGED, CACHE_S)
     _NEAR.drop(digest)
     if settings.REDIS_URL:
-        _sync_redis().publish(CHANNEL, digest)
+        redis_client().publish(CHANNEL, digest)
 
 
 def api_key_authenticate(token: str) -> KeyInfo | None:
@@ -110,15 +111,6 @@ def api_key_authenticate(token: str) -> KeyInfo | None:
 
 
 _clients: dict = {}
-
-
-def _sync_redis():
-    import redis
-
-    client = _clients.get("sync")
-    if client is None:
-        client = _clients["sync"] = redis.Redis.from_url(settings.REDIS_URL)
-    return client
 
 
 def _async_redis():

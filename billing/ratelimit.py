@@ -14,6 +14,8 @@ from functools import cache as memoize
 from django.conf import settings
 from django.core.cache import cache
 
+from config.redis import redis_client
+
 # KEYS: the counters; ARGV: ttl, then (amount, limit) per counter. Returns 0 when every counter
 # had room (and counts the request in all of them), else the 1-based index of the full one.
 _TAKE = """
@@ -49,9 +51,7 @@ def used(*, key_id: int, name: str, now: float | None = None) -> int:
 
 @memoize
 def _script():
-    import redis
-
-    return redis.Redis.from_url(settings.REDIS_URL).register_script(_TAKE)
+    return redis_client().register_script(_TAKE)
 
 
 _own = threading.local()

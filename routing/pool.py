@@ -17,13 +17,13 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache as memoize
 
 from django.conf import settings
 from django.utils import timezone
 
 from billing.metering import Price
 from billing.models import ModelPrice
+from config.redis import redis_client
 from marketplace.models import Card, Node, Rental
 from routing.models import Deployment, EngineModel, Model, worker_ref
 from routing.placement import Worker
@@ -70,18 +70,11 @@ INFLIGHT: Counter = Counter()  # deployment id -> requests this process is proxy
 PROCESS_ID = uuid.uuid4().hex[:12]
 
 
-@memoize
-def _redis():
-    import redis
-
-    return redis.Redis.from_url(settings.REDIS_URL)
-
-
 def load_exchange(own: dict[int, int]) -> dict[int, int]:
     """Publish this process's in-flight counts, read every live process's, sum them."""
     if not settings.REDIS_URL:
         return dict(own)
-    r = _redis()
+    r = redis_client()
     mine = f"rigshare:routing:load:{PROCESS_ID}"
     with r.pipeline() as pipe:
         pipe.delete(mine)

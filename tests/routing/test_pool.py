@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 
 from billing.models import Charge, Hold
+from config.redis import redis_client
 from marketplace.models import Card, Node
 from routing import pool, services
 from routing.models import Deployment, EngineModel, Model, RequestLog
@@ -95,7 +96,7 @@ def test_load_is_shared_between_processes_through_redis(settings):
     mine = pool.load_exchange(dict(pool.INFLIGHT))
     assert mine[7] >= 3
     # Another process's counts, as it publishes them.
-    r = pool._redis()
+    r = redis_client()
     r.hset("rigshare:routing:load:other", mapping={"7": 2, "_": 0})
     r.expire("rigshare:routing:load:other", 10)
     r.sadd("rigshare:routing:procs", "other")
