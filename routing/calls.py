@@ -23,9 +23,15 @@ def _with_fresh_connection(fn, args, kwargs):
         return fn(*args, **kwargs)
 
 
+def start(fn, *args, **kwargs) -> asyncio.Future:
+    """The call handed to a thread now, not at the event loop's next turn (as a task calling
+    `run` would be): await the future for its result."""
+    return asyncio.get_running_loop().run_in_executor(_EXECUTOR, _with_fresh_connection, fn,
+                                                      args, kwargs)
+
+
 async def run(fn, *args, **kwargs):
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_EXECUTOR, _with_fresh_connection, fn, args, kwargs)
+    return await start(fn, *args, **kwargs)
 
 
 def close_connections() -> None:

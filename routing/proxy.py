@@ -202,10 +202,10 @@ async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpRespon
         if candidates[0].renter_id != key.user_id:
             max_cost = metering.max_cost_micros(price, prompt_tokens=request.prompt_tokens,
                                                 max_tokens=max_tokens)
-            reserving = asyncio.ensure_future(calls.run(
+            reserving = calls.start(
                 metering.reserve, key=key, model=model.name, price=price, max_cost=max_cost,
                 request_id=outcome.request_id, tokens=request.prompt_tokens + max_tokens,
-                now=now))
+                now=now)
     except openai.ApiError as exc:
         return _error(exc, outcome)
     return await _proxy(request, model.name, max_tokens, candidates, reserving, outcome,
@@ -243,7 +243,9 @@ async def _held(reserving) -> metering.HoldInfo | None:
     if reserving is None:
         return None
     try:
-        return await reserving
+        # Shielded: a request cancelled here (the client left) must not cancel the reserve,
+        # whose hold _settle_late then closes; the thread would make it all the same.
+        return await asyncio.shield(reserving)
     except metering.MeteringError as exc:
         raise _Refused(openai.ApiError(exc.status, exc.message, type_=exc.type,
                                        code=exc.code)) from None
@@ -253,8 +255,16 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
                  candidates: list, reserving, outcome: Outcome, version: str) -> HttpResponse:
     """Reserve and the first upstream attempt run at once (the hold is known within a
     millisecond or two, the engine's first token takes longer): no byte reaches the client,
-    and no usage is settled, before the hold exists. A refusal cancels the attempt, which
-    aborts the engine's request."""
+    and no usage is settled, before the hold exists. A refusal aborts the engine's request.
+
+    A stream's request goes to the engine from this task, at once: as a task of its own it
+    would wait for the event loop's next turn, behind a chunk of every stream being relayed.
+    Its headers go to the client once the hold exists and the engine answered 200, as an
+    engine sends its own before its first token: the client reads them while the engine
+    reads the prompt, instead of after. That closes the retry window: connection errors, 5xx
+    and context rejections come before an engine's 200 (and are retried on the next worker);
+    an engine that dies after it is a stream cut before its first token. A request that is
+    not streamed runs as a task beside the reserve, so that a refusal stops it early."""
     last_error = openai.ApiError(503, "No worker could take this request; retry shortly.",
                                  type_="server_error", code="no_capacity")
     path = "/v1/chat/completions" if request.endpoint == "chat" else "/v1/completions"
@@ -266,27 +276,25 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
                                     max_tokens=max_tokens)
         INFLIGHT[worker.deployment_id] += 1
         handed_over = False
-        state = _StreamState(request.include_usage, _model_patterns(worker.engine_model),
-                             _model_patterns(public_model)) if request.stream else None
-        attempt = asyncio.ensure_future(
-            _open_stream(worker, path, body, state) if request.stream
-            else _fetch(worker, path, body))
+        attempt = None  # what to stop if the request ends here: a task or an engine's stream
         try:
-            if hold is None:
-                hold = await _held(reserving)
-            answer = await attempt
             if request.stream:
-                resp, chunks, first = answer
-                BREAKER.success(worker.deployment_id)
-                outcome.ttft_s = time.perf_counter() - outcome.started
-                relay = _Relay(first, chunks, resp, state, worker, hold, request, outcome)
+                attempt = await _open_stream(worker, path, body)
+                hold = hold or await _held(reserving)
+                state = _StreamState(request.include_usage,
+                                     _model_patterns(worker.engine_model),
+                                     _model_patterns(public_model))
+                relay = _Relay(attempt, state, worker, hold, request, outcome)
                 response = StreamingHttpResponse(
                     relay, content_type="text/event-stream; charset=utf-8",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
                 response.relay = relay  # routing.asgi closes it, whatever happens
                 handed_over = True  # the relay gives the slot back when it closes
             else:
-                response = await _answer(answer, worker, public_model, hold, request, outcome)
+                attempt = asyncio.ensure_future(_fetch(worker, path, body))
+                hold = hold or await _held(reserving)
+                response = await _answer(await attempt, worker, public_model, hold, request,
+                                         outcome)
             return _headers(response, worker, outcome, version)
         except _Retry as retry:
             last_error = retry.args[0]
@@ -294,7 +302,7 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
             await _abandon(attempt)
             return _error(refused.args[0], outcome)
         except openai.ApiError as exc:  # the engine refused the request itself (4xx)
-            await _release(hold)
+            await _release(await _hold_once_known(hold, reserving))
             return _error(exc, outcome)
         except BaseException:
             # Cancelled (the client left) or a bug: nothing was delivered, but the engine
@@ -306,20 +314,31 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
         finally:
             if not handed_over:
                 _slot_free(worker)
-    await _release(hold)
+    await _release(await _hold_once_known(hold, reserving))
     return _error(last_error, outcome)
 
 
-async def _abandon(attempt: asyncio.Future) -> None:
-    """Stop an upstream attempt nobody will read: its connection is closed, the engine aborts."""
-    if not attempt.done():
-        attempt.cancel()
+async def _hold_once_known(hold, reserving) -> metering.HoldInfo | None:
+    """The hold to give back when no worker answered: the reserve may still be running."""
+    if hold is not None or reserving is None:
+        return hold
     try:
-        answer = await attempt
-    except BaseException:  # cancelled, or it failed: nothing to close
-        return
-    if isinstance(answer, tuple):  # a stream that had started
-        await answer[0].aclose()
+        return await asyncio.shield(reserving)  # as in _held
+    except metering.MeteringError:  # refused: nothing is held
+        return None
+
+
+async def _abandon(attempt) -> None:
+    """Stop an upstream attempt nobody will read: its connection is closed, the engine aborts."""
+    if isinstance(attempt, asyncio.Future):
+        if not attempt.done():
+            attempt.cancel()
+        try:
+            attempt = await attempt
+        except BaseException:  # cancelled, or it failed: nothing to close
+            return
+    if attempt is not None:
+        await attempt.aclose()  # its connection is dropped
 
 
 async def _settle_late(reserving, hold, request, worker, outcome) -> None:
@@ -453,8 +472,9 @@ def _model_patterns(name: str) -> tuple[bytes, bytes]:
     return b'"model":' + quoted, b'"model": ' + quoted
 
 
-async def _open_stream(worker, path, body, state: _StreamState):
-    """The engine's stream up to its first whole event: until then a retry is possible."""
+async def _open_stream(worker, path, body) -> httpx.Response:
+    """The engine's stream once it answered 200 (its headers): until then a retry is
+    possible."""
     client = _client()
     upstream = client.build_request("POST", _url(worker, path), content=body,
                                     headers={"content-type": "application/json",
@@ -464,26 +484,18 @@ async def _open_stream(worker, path, body, state: _StreamState):
     except httpx.HTTPError as exc:
         raise _upstream_failed(worker, f"The worker could not be reached "
                                f"({type(exc).__name__}).") from None
-    chunks = resp.aiter_raw()
     try:
         if resp.status_code != 200:
-            content = await resp.aread()
-            _check_status(worker, resp.status_code, content)
-        first = b""
-        while not first:
             try:
-                data = await anext(chunks)
-            except StopAsyncIteration:
-                raise _upstream_failed(worker, "The worker closed the stream before answering.") \
-                    from None
+                content = await resp.aread()
             except httpx.HTTPError as exc:
                 raise _upstream_failed(worker, f"The worker failed before answering "
                                        f"({type(exc).__name__}).") from None
-            first = state.feed(data)
+            _check_status(worker, resp.status_code, content)
     except BaseException:
         await resp.aclose()
         raise
-    return resp, chunks, first
+    return resp
 
 
 class _Relay:
@@ -492,9 +504,8 @@ class _Relay:
     (routing.asgi calls it when the response is over, however it ended) settles even a stream
     whose first chunk was never asked for, as when the client leaves right after the headers."""
 
-    def __init__(self, first, chunks, resp, state: _StreamState, worker, hold, request,
-                 outcome):
-        self.pending, self.chunks, self.resp, self.state = first, chunks, resp, state
+    def __init__(self, resp, state: _StreamState, worker, hold, request, outcome):
+        self.chunks, self.resp, self.state = resp.aiter_raw(), resp, state
         self.worker, self.hold, self.request, self.outcome = worker, hold, request, outcome
         self.ended = False  # no more events to send
         self.closed = False
@@ -503,9 +514,6 @@ class _Relay:
         return self
 
     async def __anext__(self) -> bytes:
-        if self.pending:
-            out, self.pending = self.pending, b""
-            return out
         while not self.ended:
             try:
                 data = await anext(self.chunks)
@@ -523,6 +531,9 @@ class _Relay:
                 raise
             out = self.state.feed(data)
             if out:
+                if self.outcome.ttft_s is None:
+                    self.outcome.ttft_s = time.perf_counter() - self.outcome.started
+                    BREAKER.success(self.worker.deployment_id)
                 return out
         await self.aclose()
         raise StopAsyncIteration

@@ -1,7 +1,9 @@
 """What goes wrong between the proxy and a worker: before the first byte (retry on the next
 worker), after it (an error event, billed for what was delivered), and a client that leaves."""
 
+import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -144,11 +146,92 @@ def test_5xx_before_the_first_byte_is_retried(v1, engine, deploy, carol_key, fir
     assert Charge.objects.get().completion_tokens == 5
 
 
-def test_both_workers_failing_is_502_and_the_hold_goes_back(v1, deploy, carol_key,
+async def _dies_after_its_headers(scope, receive, send):
+    """An engine that accepted the stream (its 200 went out) and died before a first token."""
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    raise RuntimeError("the engine died while reading the prompt")
+
+
+def test_engine_dying_after_its_200_ends_the_stream_with_an_error_not_a_retry(
+        v1, engine, deploy, carol_key, first_wins, settled):
+    # The stream's headers went out with the engine's 200 (see the next test): from there on
+    # the client has an answer that names its worker, so there is no quiet retry elsewhere.
+    with ServerThread(_dies_after_its_headers) as dying:
+        dead = deploy(dying.url)
+        deploy(engine())
+        with httpx.stream("POST", v1 + "/chat/completions", timeout=30,
+                          headers={"Authorization": f"Bearer {carol_key}"},
+                          json={"model": MODEL, "messages": CHAT, "max_tokens": 5,
+                                "stream": True}) as response:
+            assert response.status_code == 200
+            assert response.headers["x-rigshare-worker"] == f"deployment:{dead.pk}"
+            got = events(response)
+        settled()
+    assert got[-1] == "[DONE]" and len(got) == 2
+    assert got[0]["error"]["code"] == "upstream_disconnected"
+    charge = Charge.objects.get()
+    assert (charge.completion_tokens, charge.estimated) == (0, True)
+    assert charge.prompt_tokens > 0  # the engine may have read the prompt: billed as a cut
+    log_row = RequestLog.objects.get()
+    assert (log_row.attempts, log_row.error_code) == (1, "upstream_disconnected")
+    assert proxy.BREAKER.failures == {dead.pk: 1}
+
+
+class _SlowFirstToken:
+    """An engine that sends its headers at once and its first token when the test says."""
+
+    def __init__(self):
+        self.go = threading.Event()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        while not self.go.is_set():
+            await asyncio.sleep(0.01)
+        chunk = {"id": "c1", "object": "chat.completion.chunk", "model": "engine-model",
+                 "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]}
+        usage = {"id": "c1", "object": "chat.completion.chunk", "model": "engine-model",
+                 "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1,
+                                          "total_tokens": 8}}
+        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in (chunk, usage))
+        await send({"type": "http.response.body", "body": body + b"data: [DONE]\n\n"})
+
+
+def test_stream_headers_reach_the_client_while_the_engine_reads_the_prompt(
+        v1, deploy, carol_key, settled):
+    slow = _SlowFirstToken()
+    with ServerThread(slow) as server:
+        worker = deploy(server.url)
+        with httpx.stream("POST", v1 + "/chat/completions", timeout=30,
+                          headers={"Authorization": f"Bearer {carol_key}"},
+                          json={"model": MODEL, "messages": CHAT, "max_tokens": 5,
+                                "stream": True}) as response:
+            # No token yet: the engine is still "prefilling".
+            assert not slow.go.is_set()
+            assert response.status_code == 200
+            assert response.headers["x-rigshare-worker"] == f"deployment:{worker.pk}"
+            slow.go.set()
+            got = events(response)
+        settled()
+    assert got[0]["choices"][0]["delta"]["content"] == "Hi" and got[-1] == "[DONE]"
+    charge = Charge.objects.get()
+    assert (charge.prompt_tokens, charge.completion_tokens, charge.estimated) == (7, 1, False)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_both_workers_failing_is_502_and_the_hold_goes_back(v1, deploy, carol_key, stream,
                                                             settled):
+    # A refused connection fails within a millisecond, before the reserve may be done: the
+    # hold it then makes is given back all the same.
     deploy("http://127.0.0.1:9")
     deploy("http://127.0.0.1:11")
-    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5})
+    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5,
+                                    "stream": stream})
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_error"
     settled()
@@ -215,3 +298,30 @@ def test_a_settle_that_fails_for_a_moment_is_tried_again(v1, engine, deploy, car
     assert failures == [1]
     assert Charge.objects.get().completion_tokens == 5
     assert Hold.objects.get().status == "settled"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_leaving_while_the_reserve_runs_still_settles_its_hold(
+        v1, engine, deploy, carol_key, monkeypatch, stream, settled):
+    from billing import metering
+
+    real = metering.reserve
+
+    def slow_reserve(**kwargs):  # the database slow to answer: the client gives up first
+        time.sleep(1.0)
+        return real(**kwargs)
+
+    monkeypatch.setattr(metering, "reserve", slow_reserve)
+    deploy(engine())
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(v1 + "/chat/completions", timeout=0.3,
+                   headers={"Authorization": f"Bearer {carol_key}"},
+                   json={"model": MODEL, "messages": CHAT, "max_tokens": 5, "stream": stream})
+    time.sleep(1.0)  # the reserve ends after the client left
+    settled()
+    # The engine may have read the prompt: billed as estimated, as a cut stream is; the hold
+    # is closed, not left to expire.
+    assert Hold.objects.get().status == "settled"
+    charge = Charge.objects.get()
+    assert (charge.completion_tokens, charge.estimated) == (0, True) and charge.prompt_tokens > 0
+    assert RequestLog.objects.get().status == 499
