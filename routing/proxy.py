@@ -505,7 +505,7 @@ class _Relay:
     whose first chunk was never asked for, as when the client leaves right after the headers."""
 
     def __init__(self, resp, state: _StreamState, worker, hold, request, outcome):
-        self.chunks, self.resp, self.state = resp.aiter_raw(), resp, state
+        self.body, self.resp, self.state = upstream.body_reader(resp), resp, state
         self.worker, self.hold, self.request, self.outcome = worker, hold, request, outcome
         self.ended = False  # no more events to send
         self.closed = False
@@ -516,13 +516,13 @@ class _Relay:
     async def __anext__(self) -> bytes:
         while not self.ended:
             try:
-                data = await anext(self.chunks)
-            except StopAsyncIteration:
-                self.ended = True
-                if not self.state.done:
-                    return self._failed(httpx.RemoteProtocolError("the stream ended without "
-                                                                  "[DONE]"))
-                break
+                data = await self.body.read()
+                if not data:
+                    self.ended = True
+                    if not self.state.done:
+                        return self._failed(httpx.RemoteProtocolError(
+                            "the stream ended without [DONE]"))
+                    break
             except httpx.HTTPError as exc:
                 self.ended = True
                 return self._failed(exc)

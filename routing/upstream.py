@@ -204,22 +204,36 @@ class _Body(httpx.AsyncByteStream):
         self.transport, self.conn, self.read_timeout = transport, conn, read_timeout
         self.closed = False
 
-    async def __aiter__(self):
+    async def read(self) -> bytes:
+        """Whatever the engine sent since the last read (waiting for something if nothing);
+        b"" once the body is complete, and the connection is back in the pool."""
         conn = self.conn
-        while True:
-            if conn.body:
-                yield conn.take_body()
-                continue
+        while not conn.body:
             if conn.complete:
-                break
+                await self.aclose()
+                return b""
             await conn.wait(self.read_timeout, httpx.ReadTimeout)
-        await self.aclose()
+        return conn.take_body()
+
+    async def __aiter__(self):
+        while data := await self.read():
+            yield data
 
     async def aclose(self) -> None:
         if self.closed:
             return
         self.closed = True
         self.transport._put_back(self.conn)
+
+
+_BODY = "rigshare.body"
+
+
+def body_reader(response: httpx.Response):
+    """`await read()` on the returned object gives a response's body as it comes, b"" at its
+    end: what `aiter_raw()` yields, without the three async generators around it (httpx's
+    and ours), which a stream passes through once per token."""
+    return response.extensions[_BODY]
 
 
 class Transport(httpx.AsyncBaseTransport):
@@ -268,9 +282,10 @@ class Transport(httpx.AsyncBaseTransport):
         except BaseException:
             conn.close()
             raise
-        return httpx.Response(conn.status, headers=conn.headers,
-                              stream=_Body(self, conn, timeouts.get("read")),
-                              extensions={"http_version": b"HTTP/1.1"}, request=request)
+        body = _Body(self, conn, timeouts.get("read"))
+        return httpx.Response(conn.status, headers=conn.headers, stream=body,
+                              extensions={"http_version": b"HTTP/1.1", _BODY: body},
+                              request=request)
 
     async def _connect(self, origin, timeout) -> _Connection:
         loop = asyncio.get_running_loop()

@@ -226,6 +226,40 @@ def test_chunked_response_is_streamed_as_it_arrives():
     run(scenario())
 
 
+def test_body_reader_reads_as_it_arrives_and_gives_the_connection_back():
+    """The proxy's relay reads through body_reader: the same bytes as aiter_raw, b"" at the
+    end, and the connection back in the pool for the next request."""
+    got_first = asyncio.Event()
+
+    async def handler(conn):
+        await conn.read_request()
+        await conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        b"7\r\nchunk 1\r\n")
+        async with asyncio.timeout(2):
+            await got_first.wait()
+        await conn.send(b"7\r\nchunk 2\r\n3\r\n, 3\r\n0\r\n\r\n")
+        await serve_ok(conn)
+
+    async def scenario():
+        transport = upstream.Transport()
+        async with Server(handler) as server, client(transport, read=1) as http:
+            resp = await http.send(http.build_request("GET", server.url + "/stream"),
+                                   stream=True)
+            reader = upstream.body_reader(resp)
+            assert await reader.read() == b"chunk 1"
+            got_first.set()
+            received = b""
+            while data := await reader.read():
+                received += data
+            assert received == b"chunk 2, 3"
+            assert await reader.read() == b""  # still the end
+            await resp.aclose()
+            assert (await http.get(server.url + "/")).content == b"ok"
+        assert server.accepted == 1 and transport.opened == 1
+
+    run(scenario())
+
+
 def test_interim_responses_are_skipped():
     async def handler(conn):
         if conn.index > 1:
