@@ -12,7 +12,6 @@ when the client goes away, which is how the proxy learns to stop the engine.
 """
 
 import asyncio
-import contextlib
 import io
 
 from django.core.handlers.asgi import ASGIRequest
@@ -43,16 +42,28 @@ class Application:
                 f"The request body is larger than {openai.MAX_BODY_BYTES} bytes.",
                 type_="invalid_request_error", code="request_too_large"), status=413), send)
         request = ASGIRequest(scope, io.BytesIO(body))
-        serve = asyncio.ensure_future(_serve(view, request, send))
+        # The view runs in this task: as a task of its own it would wait for the event loop's
+        # next turn, behind a chunk of every stream being relayed. A watcher cancels it when
+        # the client leaves, as Django's handler cancels its view's task.
+        serving = asyncio.current_task()
+        left = False
+
+        def client_left(watcher: asyncio.Task) -> None:
+            nonlocal left
+            if not watcher.cancelled():
+                left = True
+                serving.cancel()
+
         gone = asyncio.ensure_future(_disconnected(receive))
-        await asyncio.wait((serve, gone), return_when=asyncio.FIRST_COMPLETED)
-        if serve.done():
+        gone.add_done_callback(client_left)
+        try:
+            await _send(await view(request), send)
+        except asyncio.CancelledError:
+            if not left or serving.uncancel():  # cancelled by the server, not by the client
+                raise
+        finally:
+            gone.remove_done_callback(client_left)
             gone.cancel()
-            serve.result()
-        else:
-            serve.cancel()  # the client left: the view's task is cancelled, as under Django
-            with contextlib.suppress(asyncio.CancelledError):
-                await serve
 
 
 _TOO_LARGE = object()
@@ -77,10 +88,6 @@ async def _read_body(receive):
 async def _disconnected(receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _serve(view, request, send) -> None:
-    await _send(await view(request), send)
 
 
 async def _send(response, send) -> None:
