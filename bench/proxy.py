@@ -5,8 +5,9 @@ and keeps at least 95% of the direct streams' output tokens/s.
 Three processes: the engine (`python -m fleetsim serve`, the H200 vLLM profile at time scale 1,
 so streams run at a real card's rates: 170 tok/s alone, ~2,900 tok/s over 64 streams), Rigshare
 (`uvicorn config.asgi:application`, one worker, DEBUG off, on a PostgreSQL database of this
-benchmark's own and a Redis database of its own) and this one, the client (asyncio + httpx,
-streaming chat completions, one connection pool per path). Both paths get the same streams
+benchmark's own and a Redis database of its own) and this one, the client (asyncio + httpx
+over a lean transport, streaming chat completions, one connection pool per path; `--client
+httpcore` for httpx's own, see new_client). Both paths get the same streams
 (`stream_options.include_usage`, the same max_tokens); the proxy is called with a funded
 consumer's API key (no limits) and routes to the engine, a verified deployment with capacity.
 
@@ -228,11 +229,23 @@ async def run_phase(client: httpx.AsyncClient, route: Route, load: Load,
     return phase
 
 
-def new_client() -> httpx.AsyncClient:
-    # One client per path: httpcore's pool looks at every connection of every origin on each
-    # request (quadratic in the pool's size), so a shared one would tax both paths with both
-    # pools' connections. Kept-alive connections are dropped after 4 s, before uvicorn's
-    # 5 s: a request sent on a connection the server is closing fails with a ReadError.
+CLIENTS = ("lean", "httpcore")
+
+
+def new_client(kind: str) -> httpx.AsyncClient:
+    """One client per path. Kept-alive connections are dropped after 4 s, before uvicorn's
+    5 s: a request sent on a connection the server is closing fails.
+
+    "lean" (the default) is httpx over routing.upstream's transport (asyncio protocol
+    connections parsed with httptools); "httpcore" is httpx's own, which spends ~3x the CPU a
+    chunk (anyio, h11) and starts a burst of requests in a pool whose bookkeeping is
+    quadratic in its size. On this two-core box the client shares the cores with the engine
+    and the proxy, so the heavier client measures its own contention as much as the proxy
+    (docs/benchmarks.md, third pass): 0.6 of the 2 cores at 64 streams on a slow VM."""
+    if kind == "lean":
+        from routing import upstream
+
+        return httpx.AsyncClient(timeout=120, transport=upstream.Transport(keepalive_s=4.0))
     return httpx.AsyncClient(timeout=120, limits=httpx.Limits(
         max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0))
 
@@ -458,7 +471,7 @@ def report(loads: list[Load], results: dict, idle: dict, cores: int) -> None:
 async def measure(args, loads: list[Load], direct: Route, proxied: Route, watch: "CpuWatch"
                   ) -> tuple[dict, dict]:
     results: dict = {(ld.label, n): [] for ld in loads for n in ("direct", "proxied")}
-    async with new_client() as to_engine, new_client() as to_proxy:
+    async with new_client(args.client) as to_engine, new_client(args.client) as to_proxy:
         client = {"direct": to_engine, "proxied": to_proxy}
         # Warm-up: connections on both paths (and the proxy's to the engine), the proxy's
         # pool snapshot, key cache and database threads.
@@ -478,11 +491,11 @@ async def measure(args, loads: list[Load], direct: Route, proxied: Route, watch:
     return results, idle
 
 
-async def profile_load(loads: list[Load], proxied: Route, proxy_pid: int, stats_path: Path
-                       ) -> int:
+async def profile_load(loads: list[Load], proxied: Route, proxy_pid: int, stats_path: Path,
+                       client_kind: str) -> int:
     """The proxied loads only, with the proxy's profiler on (SIGUSR1) after the warm-up and
     off (SIGUSR2: the stats are written) after them; returns the requests profiled."""
-    async with new_client() as client:
+    async with new_client(client_kind) as client:
         await run_phase(client, proxied, Load("", STREAMS))
         await run_phase(client, proxied, Load("", 1, 3))
         os.kill(proxy_pid, signal.SIGUSR1)
@@ -583,6 +596,8 @@ def main() -> int:
                         help="the engine runs this many times faster than the card")
     parser.add_argument("--redis-db", type=int, default=15,
                         help="the Redis database (on REDIS_URL's server) the proxy uses")
+    parser.add_argument("--client", choices=CLIENTS, default="lean",
+                        help="the benchmark's HTTP client (see new_client; default lean)")
     parser.add_argument("--profile", action="store_true",
                         help="run the proxy under cProfile, send it the proxied loads only, "
                              "and print where its event loop's time goes")
@@ -638,14 +653,15 @@ def main() -> int:
               f"{args.rounds} rounds, direct and proxied alternating; per path and round: "
               f"{args.alone} requests one by one; {STREAMS} clients sending back to back, starts "
               f"spread over {spread_s:.1f} s, then measured for {args.steady:g} s; {STREAMS} "
-              "requests at once")
+              f"requests at once; client: httpx, {args.client}")
         yardstick = min(timeit.repeat("sum(range(1000))", number=10_000, repeat=5)) / 10_000
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
               f"CPU yardstick sum(range(1000)): {yardstick * 1e6:.1f} µs", flush=True)
 
         warm_up = STREAMS + 3
         if args.profile:
-            profiled = asyncio.run(profile_load(loads, proxied, rigshare.pid, stats_path))
+            profiled = asyncio.run(profile_load(loads, proxied, rigshare.pid, stats_path,
+                                                 args.client))
             print_profile(stats_path, profiled, args.max_tokens)
             if args.profile_out:
                 shutil.copy(stats_path, args.profile_out)
