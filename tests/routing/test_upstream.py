@@ -193,7 +193,25 @@ def test_large_request_body_arrives_whole():
     run(scenario())
 
 
-def test_chunked_response_is_streamed_as_it_arrives():
+async def _read_all(resp: httpx.Response, how: str, got_first: asyncio.Event) -> bytes:
+    """The body as the proxy's relay reads it (upstream.body_reader: b"" at the end) or as
+    httpx's aiter_raw gives it; got_first is set once the first chunk is in hand."""
+    received = b""
+    if how == "aiter_raw":
+        async for chunk in resp.aiter_raw():
+            received += chunk
+            got_first.set()
+        return received
+    reader = upstream.body_reader(resp)
+    while data := await reader.read():
+        received += data
+        got_first.set()
+    assert await reader.read() == b""  # still the end
+    return received
+
+
+@pytest.mark.parametrize("how", ["aiter_raw", "body_reader"])
+def test_chunked_response_is_streamed_as_it_arrives(how):
     got_first = asyncio.Event()
 
     async def handler(conn):
@@ -204,39 +222,6 @@ def test_chunked_response_is_streamed_as_it_arrives():
         # buffered the body until its end would wait here for ever (ReadTimeout).
         async with asyncio.timeout(2):
             await got_first.wait()
-        await conn.send(b"7\r\nchunk 2\r\n0\r\n\r\n")
-        await conn.read_request()
-
-    async def scenario():
-        async with Server(handler) as server, \
-                client(upstream.Transport(), read=1) as http:
-            resp = await http.send(http.build_request("GET", server.url + "/stream"),
-                                   stream=True)
-            assert resp.status_code == 200
-            assert resp.headers["transfer-encoding"] == "chunked"
-            received = b""
-            async for chunk in resp.aiter_raw():
-                received += chunk
-                if received == b"chunk 1":
-                    got_first.set()
-            await resp.aclose()
-        assert got_first.is_set()
-        assert received == b"chunk 1chunk 2"
-
-    run(scenario())
-
-
-def test_body_reader_reads_as_it_arrives_and_gives_the_connection_back():
-    """The proxy's relay reads through body_reader: the same bytes as aiter_raw, b"" at the
-    end, and the connection back in the pool for the next request."""
-    got_first = asyncio.Event()
-
-    async def handler(conn):
-        await conn.read_request()
-        await conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                        b"7\r\nchunk 1\r\n")
-        async with asyncio.timeout(2):
-            await got_first.wait()
         await conn.send(b"7\r\nchunk 2\r\n3\r\n, 3\r\n0\r\n\r\n")
         await serve_ok(conn)
 
@@ -245,15 +230,11 @@ def test_body_reader_reads_as_it_arrives_and_gives_the_connection_back():
         async with Server(handler) as server, client(transport, read=1) as http:
             resp = await http.send(http.build_request("GET", server.url + "/stream"),
                                    stream=True)
-            reader = upstream.body_reader(resp)
-            assert await reader.read() == b"chunk 1"
-            got_first.set()
-            received = b""
-            while data := await reader.read():
-                received += data
-            assert received == b"chunk 2, 3"
-            assert await reader.read() == b""  # still the end
+            assert resp.status_code == 200
+            assert resp.headers["transfer-encoding"] == "chunked"
+            assert await _read_all(resp, how, got_first) == b"chunk 1chunk 2, 3"
             await resp.aclose()
+            # Read to its end, the connection went back to the pool.
             assert (await http.get(server.url + "/")).content == b"ok"
         assert server.accepted == 1 and transport.opened == 1
 
