@@ -280,7 +280,8 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
         try:
             if request.stream:
                 attempt = await _open_stream(worker, path, body)
-                hold = hold or await _held(reserving)
+                if hold is None:
+                    hold = await _held(reserving)
                 state = _StreamState(request.include_usage,
                                      _model_patterns(worker.engine_model),
                                      _model_patterns(public_model))
@@ -292,7 +293,8 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
                 handed_over = True  # the relay gives the slot back when it closes
             else:
                 attempt = asyncio.ensure_future(_fetch(worker, path, body))
-                hold = hold or await _held(reserving)
+                if hold is None:
+                    hold = await _held(reserving)
                 response = await _answer(await attempt, worker, public_model, hold, request,
                                          outcome)
             return _headers(response, worker, outcome, version)
