@@ -21,10 +21,9 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 MAX_ERROR = 256  # the protocol's string limit
 
-DEFAULT_WARMUP_S = 1.0
-DEFAULT_ITERATIONS = 20
-DEFAULT_MATMUL_N = 8192
-DEFAULT_COPY_BYTES = 256 * MIB
+# The one place for the probes' parameters: the platform sends these with every probe job,
+# the agent falls back on them, and fleetsim's simulated probes answer for them.
+DEFAULT_PARAMS = {"warmup_s": 1.0, "iterations": 20, "matmul_n": 8192, "copy_bytes": 256 * MIB}
 MIN_GPU_ARRAY_BYTES = GIB  # FACTS.md: 1 GiB per array is >= 4 x L2 on every card we list
 VRAM_FRACTION = 0.9
 TRIAD_SCALAR = 3.0
@@ -78,9 +77,7 @@ def resolve_params(params: dict | None, *, gpu: bool) -> Settings:
     ProbeError for a value of the wrong type or out of range."""
     params = dict(params or {})
     quick = params.pop("quick", False) is True
-    values = {"warmup_s": DEFAULT_WARMUP_S, "iterations": DEFAULT_ITERATIONS,
-              "matmul_n": DEFAULT_MATMUL_N, "copy_bytes": DEFAULT_COPY_BYTES,
-              "array_bytes": None}
+    values = {**DEFAULT_PARAMS, "array_bytes": None}
     if not gpu:
         values |= CPU_DEFAULTS
     if quick:

@@ -22,7 +22,7 @@ app.conf.beat_schedule = {
                              "schedule": 5.0},
     "deployments-check-health": {"task": "routing.tasks.deployments_check_health",
                                  "schedule": 10.0},
-    "verification-sweep": {"task": "verification.tasks.verification_sweep", "schedule": 60.0},
+    "verification-sweep": {"task": "verification.tasks.verification_sweep", "schedule": 15.0},
     "verification-weekly": {"task": "verification.tasks.verification_weekly",
                             "schedule": 3600.0},
 }

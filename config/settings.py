@@ -95,6 +95,9 @@ CELERY_RESULT_BACKEND = env_str("CELERY_RESULT_BACKEND", REDIS_URL or None) or N
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", not CELERY_BROKER_URL)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
+# A task whose worker process died goes back on the queue at once instead of being acked: the
+# verification steps it redelivers take up their run again (they are idempotent).
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
 

@@ -3,7 +3,6 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config.views import healthz
-from verification.api import AgentJobResult
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
@@ -13,8 +12,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("billing/", include("billing.urls")),
     path("api/", include("billing.api_urls")),
-    path("api/agent/jobs/<int:job_id>/result/", AgentJobResult.as_view(),
-         name="api-agent-job-result"),
+    path("api/agent/", include("agentapi.urls")),
     path("api/", include("marketplace.api_urls")),
     path("verification/", include("verification.urls")),
     path("", include("routing.urls")),

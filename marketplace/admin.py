@@ -8,6 +8,7 @@ from marketplace.models import (
     NodeStatusChange,
     NodeUptimeHour,
     Rental,
+    UuidConflict,
 )
 
 # Hardware facts are the agent's word: operators read them here but do not edit them.
@@ -28,16 +29,34 @@ class CardInline(admin.TabularInline):
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ("name", "owner", "status", "last_heartbeat_at", "reliability_pct", "region",
-                    "needs_review", "simulated")
-    list_filter = ("status", "needs_review", "simulated", "region")
+                    "needs_review", "uuid_conflict", "simulated")
+    list_filter = ("status", "needs_review", "uuid_conflict", "simulated", "region")
     search_fields = ("name", "hostname", "owner__email", "cards__uuid")
     list_select_related = ("owner",)
     readonly_fields = ("credential_prefix", "credential_digest", "hostname", "os",
                        "agent_version", "driver_version", "cuda_version", "has_nvidia",
                        "simulated", "engine_url", "engine_reachable", "engine_models",
                        "engine_error", "hardware_changed_at", "status", "status_changed_at",
-                       "last_heartbeat_at", "reliability_pct", "created_at")
+                       "last_heartbeat_at", "reliability_pct", "created_at", "uuid_conflict")
     inlines = [CardInline]
+
+
+@admin.register(UuidConflict)
+class UuidConflictAdmin(admin.ModelAdmin):
+    """Where staff see every GPU UUID reported by two machines: open ones first. The heartbeats
+    open and close them; staff read, and act on the nodes if a conflict lasts."""
+
+    list_display = ("uuid", "node", "incumbent", "opened_at", "closed_at", "closed_because")
+    list_filter = (("closed_at", admin.EmptyFieldListFilter),)
+    search_fields = ("uuid", "node__name", "incumbent__name")
+    list_select_related = ("node", "incumbent")
+    readonly_fields = ("uuid", "node", "incumbent", "opened_at", "closed_at", "closed_because")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Card)

@@ -1,30 +1,22 @@
-"""REST API (DRF): catalog, rentals, a provider's nodes, listings and enrolment tokens, and the
-node-agent protocol. Each view sees only what its user owns."""
+"""REST API (DRF): catalog, rentals, a provider's nodes, listings and enrolment tokens. Each view
+sees only what its user owns. The node agent's protocol is agentapi's."""
 
-from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from marketplace import selectors, services
 from marketplace.filters import CatalogFilterForm
-from marketplace.models import Listing, Node
+from marketplace.models import Listing
 from marketplace.serializers import (
-    MAX_HEARTBEAT_BYTES,
     CatalogCardSerializer,
-    EnrollResponseSerializer,
-    EnrollSerializer,
     EnrolmentTokenSerializer,
-    HeartbeatResponseSerializer,
-    HeartbeatSerializer,
     ListingSerializer,
     NodeSerializer,
     RentalSerializer,
 )
-from marketplace.signals import heartbeat_recorded
 
 
 class CatalogCardList(generics.ListAPIView):
@@ -144,65 +136,3 @@ class EnrolmentTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
         services.enrolment_token_revoke(owner=request.user, token_id=row.pk)
         row.refresh_from_db()
         return Response(self.get_serializer(row).data)
-
-
-# --- node agent protocol ---
-
-def _too_big(request) -> Response | None:
-    try:
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    if length > MAX_HEARTBEAT_BYTES:
-        return Response({"body": [f"The body is {length} bytes; the limit is "
-                                  f"{MAX_HEARTBEAT_BYTES}."]}, status=400)
-    return None
-
-
-class AgentEnroll(APIView):
-    authentication_classes: list = []
-    permission_classes = [permissions.AllowAny]
-
-    @extend_schema(request=EnrollSerializer, responses={201: EnrollResponseSerializer})
-    def post(self, request):
-        if (refusal := _too_big(request)) is not None:
-            return refusal
-        serializer = EnrollSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        try:
-            enrolment = services.node_enroll(**serializer.validated_data)
-        except services.EnrolmentRefused as exc:
-            return Response({"detail": str(exc)}, status=401)
-        return Response({"node_id": enrolment.node.pk, "credential": enrolment.credential,
-                         "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S},
-                        status=201)
-
-
-class AgentHeartbeat(APIView):
-    authentication_classes: list = []
-    permission_classes = [permissions.AllowAny]
-
-    @extend_schema(request=HeartbeatSerializer, responses=HeartbeatResponseSerializer)
-    def post(self, request):
-        scheme, _, credential = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
-        if scheme != "Bearer" or not credential:
-            return Response({"detail": "Send the node credential as 'Authorization: Bearer "
-                                       "rsn_...'."}, status=401)
-        try:
-            node = services.node_authenticate(credential=credential.strip())
-        except services.CredentialRefused as exc:
-            return Response({"detail": str(exc)}, status=403 if exc.revoked else 401)
-        if (refusal := _too_big(request)) is not None:
-            return refusal
-        serializer = HeartbeatSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        result = services.node_heartbeat_record(node_id=node.pk,
-                                                report=serializer.validated_data)
-        replies = heartbeat_recorded.send(sender=Node, node_id=node.pk,
-                                          first_report=result.first_report,
-                                          hardware_changed=result.hardware_changed)
-        return Response({"node_id": node.pk, "status": result.node.status,
-                         "needs_review": result.node.needs_review,
-                         "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
-                         "jobs": [job for _, jobs in replies for job in (jobs or [])]})
-

@@ -12,7 +12,5 @@ urlpatterns = [
     path("cards/", api.CatalogCardList.as_view(), name="api-cards"),
     path("cards/<int:pk>/", api.CatalogCardDetail.as_view(), name="api-card"),
     path("listings/<int:card_id>/", api.ListingDetail.as_view(), name="api-listing"),
-    path("agent/enroll/", api.AgentEnroll.as_view(), name="api-agent-enroll"),
-    path("agent/heartbeat/", api.AgentHeartbeat.as_view(), name="api-agent-heartbeat"),
     path("", include(router.urls)),
 ]

@@ -4,6 +4,9 @@ Hardware facts on Node and Card are written only from agent heartbeats (services
 and the REST API may change only a provider's own words: names, region, price, claims.
 """
 
+import hashlib
+import hmac
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -83,8 +86,12 @@ class Node(models.Model):
     reliability_pct = models.DecimalField(max_digits=5, decimal_places=2, default=0,
                                           db_index=True)
 
+    # An operator's hold: out of the catalog and of shared /v1 traffic until they lift it.
     needs_review = models.BooleanField(default=False)
     review_reason = models.CharField(max_length=512, blank=True)
+    # A GPU UUID this node reports is held by a node that reported it first (UuidConflict):
+    # kept out the same way, set and cleared by the heartbeats themselves.
+    uuid_conflict = models.BooleanField(default=False, db_index=True)
 
     class Meta:
         ordering = ["name", "id"]
@@ -95,6 +102,39 @@ class Node(models.Model):
     @property
     def is_online(self) -> bool:
         return self.status == self.Status.ONLINE
+
+    @property
+    def held_out(self) -> bool:
+        """Out of the catalog, rentals and shared /v1 traffic."""
+        return self.needs_review or self.uuid_conflict
+
+
+class UuidConflict(models.Model):
+    """A GPU UUID reported by `node` while `incumbent`, which reported it first, still does.
+
+    One GPU cannot sit in two machines, so one of the two reports is false; the node that
+    brought the UUID later (the newcomer) is kept out, and the incumbent, with its history,
+    stays listed. The row is closed, never deleted, when the conflict ends, so the history
+    stays (services.uuid_conflicts_refresh).
+    """
+
+    uuid = models.CharField(max_length=96)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="uuid_conflicts")
+    incumbent = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    opened_at = models.DateTimeField(default=timezone.now)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_because = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-opened_at"]
+        constraints = [models.UniqueConstraint(fields=["node", "uuid"],
+                                               condition=Q(closed_at__isnull=True),
+                                               name="uuid_conflict_one_open")]
+        indexes = [models.Index(fields=["incumbent", "closed_at"])]
+
+    def __str__(self):
+        state = "open" if self.closed_at is None else "closed"
+        return f"GPU {self.uuid} on node #{self.node_id}, held by #{self.incumbent_id} ({state})"
 
 
 class NodeStatusChange(models.Model):
@@ -133,7 +173,12 @@ class Card(models.Model):
     class Verification(models.TextChoices):
         UNVERIFIED = "unverified", "not verified yet"
         VERIFIED = "verified", "verified"
+        # Only the engine could be measured (Apple Silicon without probes): its serving speed
+        # is verified, its hardware is not.
+        SERVING_VERIFIED = "serving_verified", "serving verified"
         FLAGGED = "flagged", "mismatch found"
+
+    ROUTABLE = (Verification.VERIFIED, Verification.SERVING_VERIFIED)
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cards")
     index = models.PositiveSmallIntegerField()
@@ -162,6 +207,15 @@ class Card(models.Model):
 
     def __str__(self):
         return f"{self.name} #{self.index} on {self.node}"
+
+    @property
+    def public_id(self) -> str:
+        """What the public sees of the GPU UUID: a short keyed digest. The full UUID is shown
+        only to the owner and staff, so nobody can copy a competitor's UUID from the site."""
+        if not self.uuid:
+            return ""
+        digest = hmac.new(settings.SECRET_KEY.encode(), self.uuid.encode(), hashlib.sha256)
+        return "gpu-" + digest.hexdigest()[:12]
 
     @property
     def memory_gb(self) -> float | None:

@@ -3,13 +3,20 @@
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from billing import pricing
 from billing.selectors import wallet_balance
 from marketplace import services, uptime
-from marketplace.models import Card, EnrolmentToken, Node, NodeUptimeHour, Rental
+from marketplace.models import (
+    Card,
+    EnrolmentToken,
+    Node,
+    NodeUptimeHour,
+    Rental,
+    UuidConflict,
+)
 
 
 def _active_rental():
@@ -26,7 +33,8 @@ def cards_for_catalog(filters: dict) -> QuerySet[Card]:
                       .order_by().values("node").annotate(n=Count("pk")).values("n"))
     qs = (Card.objects
           .filter(present=True, listing__is_listed=True, node__status=Node.Status.ONLINE,
-                  node__credential_revoked_at__isnull=True, node__needs_review=False)
+                  node__credential_revoked_at__isnull=True, node__needs_review=False,
+                  node__uuid_conflict=False)
           .exclude(Exists(_active_rental()))
           .select_related("node", "listing")
           .annotate(cards_per_node=Subquery(cards_per_node)))
@@ -85,6 +93,12 @@ def rentals_of(user) -> QuerySet[Rental]:
 def provider_nodes(user) -> QuerySet[Node]:
     return (Node.objects.filter(owner=user).order_by("name", "id")
             .prefetch_related("cards", "cards__listing"))
+
+
+def open_uuid_conflicts(node_ids: list[int]) -> list[UuidConflict]:
+    """Open GPU UUID conflicts in which any of these nodes is the newcomer or the incumbent."""
+    return list(UuidConflict.objects.filter(Q(node_id__in=node_ids) | Q(incumbent_id__in=node_ids),
+                                            closed_at__isnull=True))
 
 
 def provider_enrolment_tokens(user) -> QuerySet[EnrolmentToken]:

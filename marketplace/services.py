@@ -1,5 +1,6 @@
 """Writes for the marketplace. Each function is one transaction; callers pass keywords."""
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -22,7 +23,10 @@ from marketplace.models import (
     NodeStatusChange,
     NodeUptimeHour,
     Rental,
+    UuidConflict,
 )
+
+log = logging.getLogger(__name__)
 
 # Facts a heartbeat carries per GPU, stored on Card under the same names.
 CARD_FACTS = ("uuid", "name", "memory_total_mib", "compute_capability", "pcie_gen_current",
@@ -154,6 +158,7 @@ class HeartbeatResult:
     node: Node
     hardware_changed: bool
     first_report: bool  # the first heartbeat that brought GPUs: time to verify them
+    uuid_conflicts_changed: bool = False  # a UUID conflict of this node opened or closed
 
 
 @transaction.atomic
@@ -195,14 +200,6 @@ def node_heartbeat_record(*, node_id: int, report: dict,
         Card.objects.filter(pk__in=gone).update(present=False)
         Listing.objects.filter(card_id__in=gone).update(is_listed=False)
 
-    uuids = [gpu["uuid"] for gpu in gpus if gpu.get("uuid")]
-    clash = (Card.objects.filter(uuid__in=uuids, present=True).exclude(node=node)
-             .select_related("node").first()) if uuids else None
-    if clash is not None and not node.needs_review:
-        node.needs_review = True
-        node.review_reason = (f"GPU {clash.uuid} is also reported by node #{clash.node_id}: "
-                              "a GPU UUID seen on two machines may be spoofed.")[:512]
-
     was_online = node.is_online
     node.hostname = report.get("hostname", "")
     node.os = report.get("os", "")
@@ -231,8 +228,62 @@ def node_heartbeat_record(*, node_id: int, report: dict,
         # The node row lock serialises this node's heartbeats, so no other writer races here.
         NodeUptimeHour.objects.create(node=node, hour=hour, heartbeats=1)
     nodes_refresh_reliability(node_ids=[node.pk], now=now)
-    node.refresh_from_db(fields=["reliability_pct"])
-    return HeartbeatResult(node=node, hardware_changed=changed, first_report=first_report)
+    conflicts_changed = uuid_conflicts_refresh(node=node, now=now)
+    node.refresh_from_db(fields=["reliability_pct", "uuid_conflict"])
+    return HeartbeatResult(node=node, hardware_changed=changed, first_report=first_report,
+                           uuid_conflicts_changed=conflicts_changed)
+
+
+# --- GPU identity ---
+
+# A node that has not heartbeat for this long no longer holds its GPUs' UUIDs: a machine taken
+# apart must not keep its GPU off the market for ever. It holds them again when it returns,
+# for it reported them first.
+UUID_RELEASE_AFTER = timedelta(days=7)
+
+
+def uuid_conflicts_refresh(*, node: Node, now: datetime | None = None) -> bool:
+    """Open or close this node's UuidConflicts from what every node reports now; returns
+    whether any opened or closed. Called with the node's row locked (its heartbeat).
+
+    The first node to report a UUID holds it while it still reports it, is not revoked, and
+    has heartbeat within UUID_RELEASE_AFTER; any other node reporting that UUID is the
+    newcomer: flagged (`uuid_conflict`) and kept out of the catalog and shared traffic. The
+    incumbent is never flagged by a newcomer, so copying a UUID cannot take a competitor off
+    the market. The flag clears itself when the conflict is gone: the newcomer stops
+    reporting the UUID, or the incumbent lets go of it."""
+    now = now or timezone.now()
+    mine = {c.uuid: c for c in node.cards.filter(present=True).exclude(uuid="")}
+    holders = (Card.objects.filter(uuid__in=list(mine), present=True,
+                                   node__credential_revoked_at__isnull=True,
+                                   node__last_heartbeat_at__gte=now - UUID_RELEASE_AFTER)
+               .exclude(node=node).order_by("first_seen_at", "pk")
+               .values_list("uuid", "node_id", "first_seen_at", "pk")) if mine else []
+    held_by: dict[str, int] = {}
+    for uuid, holder_node, first_seen, pk in holders:
+        card = mine[uuid]
+        if uuid not in held_by and (first_seen, pk) < (card.first_seen_at, card.pk):
+            held_by[uuid] = holder_node
+    changed = False
+    for conflict in UuidConflict.objects.filter(node=node, closed_at__isnull=True):
+        if held_by.get(conflict.uuid) != conflict.incumbent_id:
+            why = ("this machine no longer reports the GPU" if conflict.uuid not in mine else
+                   f"node #{conflict.incumbent_id} no longer holds it")
+            UuidConflict.objects.filter(pk=conflict.pk).update(closed_at=now,
+                                                               closed_because=why)
+            changed = True
+        else:
+            held_by.pop(conflict.uuid)  # open already
+    for uuid, incumbent in held_by.items():
+        UuidConflict.objects.create(uuid=uuid, node=node, incumbent_id=incumbent, opened_at=now)
+        log.warning("GPU %s reported by node #%s is held by node #%s: node #%s kept out",
+                    uuid, node.pk, incumbent, node.pk)
+        changed = True
+    flagged = UuidConflict.objects.filter(node=node, closed_at__isnull=True).exists()
+    if flagged != node.uuid_conflict:
+        Node.objects.filter(pk=node.pk).update(uuid_conflict=flagged)
+        node.uuid_conflict = flagged
+    return changed
 
 
 def nodes_mark_offline(*, now: datetime | None = None) -> list[int]:
@@ -317,7 +368,7 @@ def rental_start(*, renter: User, card_id: int, hours: int | None = None,
         raise RentalRefused("You cannot rent your own card.")
     if not card.node.is_online:
         raise RentalRefused("This card's machine is offline right now.")
-    if card.node.needs_review:
+    if card.node.held_out:
         raise RentalRefused("This card's machine is under review.")
     if Rental.objects.filter(card=card, stopped_at__isnull=True).exists():
         raise RentalRefused("Someone else has just rented this card.")

@@ -1,12 +1,7 @@
-"""Hooks for the apps above marketplace (verification, routing), which marketplace must not
-import: they connect to these in their AppConfig.ready."""
+"""Hooks for the apps above marketplace, which marketplace must not import. Only optional page
+panels go through here; the agent protocol calls every app in plain sight (agentapi)."""
 
 from django.dispatch import Signal
-
-# Sent after a heartbeat is stored, with node_id, first_report (the node's first heartbeat
-# with GPUs) and hardware_changed. A receiver may return a list of jobs for the agent; the
-# heartbeat reply carries them all.
-heartbeat_recorded = Signal()
 
 # Extra panels on a card's rent page: receivers get `card` and `user` and return
 # {"template": ..., "context": {...}} or None.

@@ -102,7 +102,10 @@ def rental_stop(request, rental_id: int):
 @login_required
 def provider_dashboard(request):
     nodes = list(selectors.provider_nodes(request.user))
+    conflicts = selectors.open_uuid_conflicts([node.pk for node in nodes])
     for node in nodes:
+        node.conflicts_held_elsewhere = [c for c in conflicts if c.node_id == node.pk]
+        node.conflicts_held_here = [c for c in conflicts if c.incumbent_id == node.pk]
         for card in node.cards.all():
             listing = card.listing
             card.listing_form = ListingForm(prefix=f"card{card.pk}", initial={

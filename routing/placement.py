@@ -25,7 +25,7 @@ class Worker:
     quantization: str
     max_context: int | None  # None: the engine did not say; the model's context is assumed
     capacity_tps: float  # verified output tok/s at 32 concurrent; 0: not verified
-    verified: bool  # every card of the node verified, none flagged
+    verified: bool  # every card's serving verified, none flagged, the node not held out
     renter_id: int | None  # a rented card answers only its renter's keys (-1: nobody's)
 
 

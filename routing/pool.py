@@ -146,8 +146,10 @@ def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
         if name is None or not d.node.engine_url:
             continue
         node_cards = cards.get(d.node_id, [])
-        verified = bool(node_cards) and all(
-            status == Card.Verification.VERIFIED for _, status in node_cards)
+        # Shared traffic only for a node whose every card's serving is verified and that is
+        # not held out (an operator's review, a GPU UUID another node holds).
+        verified = bool(node_cards) and not d.node.held_out and all(
+            status in Card.ROUTABLE for _, status in node_cards)
         rent = renters.get(d.node_id)
         # Two renters of one engine's cards: it is exclusive to neither, so it serves nobody.
         renter_id = None if not rent else (next(iter(rent)) if len(rent) == 1 else -1)

@@ -51,18 +51,20 @@ class LineChart:
     width: int
     height: int
     measured: list[Point]
-    reference: list[Point]
+    reference: list[Point]  # the expectation the serving finding stands on, by concurrency
     x_ticks: list[Point]
     y_max_label: str
     path: str
+    reference_label: str = ""  # what the expectation is: peers, published figure, floor
 
 
-def tokens_vs_concurrency(measured: dict[int, float], reference: dict[int, float], *,
-                          width: int = 520, height: int = 180, pad: int = 36) -> LineChart:
+def tokens_vs_concurrency(measured: dict[int, float], reference: dict[int, float],
+                          reference_label: str = "", *, width: int = 520, height: int = 180,
+                          pad: int = 36) -> LineChart:
     """Output tokens/s against concurrent requests; the x axis is log2 (1, 8, 32, 128)."""
     levels = sorted(set(measured) | set(reference))
     if not levels:
-        return LineChart(width, height, [], [], [], "", "")
+        return LineChart(width, height, [], [], [], "", "", reference_label)
     import math
 
     top = max([*measured.values(), *reference.values(), 1]) * 1.1
@@ -76,8 +78,9 @@ def tokens_vs_concurrency(measured: dict[int, float], reference: dict[int, float
         return round(height - pad - (height - 2 * pad) * tps / top, 1)
 
     points = [Point(x(k), y(v), f"{v:,.0f} tok/s at {k}") for k, v in sorted(measured.items())]
-    refs = [Point(x(k), y(v), f"reference {v:,.0f} tok/s at {k}")
+    refs = [Point(x(k), y(v), f"expected {v:,.0f} tok/s at {k} ({reference_label})")
             for k, v in sorted(reference.items())]
     path = " ".join(("M" if i == 0 else "L") + f"{p.x},{p.y}" for i, p in enumerate(points))
     ticks = [Point(x(k), height - pad + 14, str(k)) for k in levels]
-    return LineChart(width, height, points, refs, ticks, f"{top / 1.1:,.0f} tok/s", path)
+    return LineChart(width, height, points, refs, ticks, f"{top / 1.1:,.0f} tok/s", path,
+                     reference_label)

@@ -1,12 +1,26 @@
-"""Measurements + reference spec + claims -> findings. Pure: no ORM, plain values in and out.
+"""Measurements + reference spec + claims + fleet evidence -> findings. Pure: no ORM, plain values
+in and out.
 
-Every threshold lives in THRESHOLDS below, and every finding carries what was claimed, what was
-expected, what was measured, and a sentence a renter understands.
+Every threshold lives in THRESHOLDS below. Every finding carries what was claimed, what was
+expected, what was measured, and a sentence a renter understands. A check is `ok` only when
+both sides of its comparison exist; with a side missing it is `not_measured`, with the reason.
+
+Serving is judged against the best evidence there is, and the finding names it (`basis`):
+1. peers: the median of the fleet's verified machines with the same GPU, the same GPU count and
+   the same engine model, measured by Rigshare at the same concurrency (`PEERS`);
+2. the published reference for this hardware and model (spec_data.SERVING_REFERENCE);
+3. a first-principles floor from the card's own measured bandwidth, VRAM and compute and the
+   model's architecture (predict.py).
+Peers come first because they are measured the same way, on the same model; but peers who are
+themselves far below the reference or the floor are a slow majority, not a yardstick, and are
+set aside. One or two peers cannot raise the expectation above the reference or the
+prediction (one fast peer is no proof that the rest are slow).
 """
 
+import statistics
 from dataclasses import dataclass, field
 
-OK, WARNING, MISMATCH = "ok", "warning", "mismatch"
+OK, WARNING, MISMATCH, NOT_MEASURED = "ok", "warning", "mismatch", "not_measured"
 
 THRESHOLDS = {
     # measured / spec below these: mismatch, warning. Bandwidth: STREAM kernels reach 81-96% of
@@ -15,18 +29,23 @@ THRESHOLDS = {
     # Dense GEMMs reach ~70-80% of a datasheet's peak (a real H200 is expected at >= 600 of its
     # 989 TFLOPS), so 75/85% would flag honest datacenter cards: 60% and 70%.
     "compute": (0.60, 0.70),
-    # measured tokens/s under load / what this hardware serves elsewhere (fleet reference)
+    # measured tokens/s / the expectation of the best basis (peers, reference, prediction floor)
     "serving": (0.70, 0.85),
     # usable VRAM / claimed or reported VRAM below this: mismatch (drivers keep ~2-5%)
     "vram": 0.85,
     # host<->device copy / what the reported link carries below this: mismatch
     "host_device": 0.5,
-    # power limit / default limit below these: mismatch (a card capped to 3/4 of its power
-    # cannot deliver what it is sold as), warning
+    # power limit / the spec's default limit below these: mismatch (a card capped to 3/4 of its
+    # power cannot deliver what it is sold as), warning
     "power": (0.75, 0.9),
 }
+# Peers: any verified peer is evidence; from this many on, their median stands on its own.
+PEERS = {"min": 1, "robust": 3}
 # Effective host<->device GB/s per PCIe lane by generation (~80% of the raw rate).
 PCIE_GBS_PER_LANE = {1: 0.2, 2: 0.4, 3: 0.8, 4: 1.6, 5: 3.2, 6: 6.4}
+# The checks that measure the hardware itself: a card is "verified" only when one of them was
+# made; with serving alone it is "serving verified".
+HARDWARE_CHECKS = ("identity", "vram", "bandwidth", "compute")
 
 
 @dataclass(frozen=True)
@@ -40,6 +59,21 @@ class Spec:
     bus_width_bits: int | None
     sm_count: int | None
     nvml_names: tuple[str, ...] = ()
+    power_w: int | None = None
+
+    @property
+    def unified_memory(self) -> bool:
+        """Apple Silicon: one memory for CPU and GPU, no CUDA, no NVML, no PCIe card."""
+        return self.name.startswith("Apple ")
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A first-principles prediction at one concurrency: `floor` is what any sound engine set-up
+    reaches, `expected` what the published fleet's set-up would (predict.Prediction)."""
+
+    expected: float
+    floor: float
 
 
 @dataclass(frozen=True)
@@ -51,12 +85,22 @@ class Evidence:
     claimed_model: str = ""
     claimed_vram_gb: int | None = None
     probe: dict | None = None  # this GPU's part of the agent's probe result
+    probe_note: str = ""  # why there is no probe result, when there is none
     wsl: bool = False
-    other_nodes_with_uuid: tuple[int, ...] = ()
+    other_nodes_with_uuid: tuple[int, ...] = ()  # the nodes that hold this UUID before it
+    uuid_repeated_on_node: bool = False  # two GPUs of this node report the same UUID
     # engine under load, for the node as a whole: concurrency -> output tokens/s
     served_tps: dict[int, float] = field(default_factory=dict)
+    serving_note: str = ""  # why there is no load test, when there is none
+    # the same GPU, count and model elsewhere in the fleet: concurrency -> peers' tokens/s
+    peer_tps: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    peer_label: str = ""  # "RTX PRO 6000 Blackwell" or "2x RTX 4090"
     # what the same hardware and model serve in published fleet measurements (by concurrency)
     reference_tps: dict[int, float] = field(default_factory=dict)
+    reference_label: str = ""
+    # the first-principles prediction by concurrency, and what it was computed from
+    predicted: dict[int, Floor] = field(default_factory=dict)
+    prediction_note: str = ""
     prefix_cache_speedup: float | None = None
     context_accepted: bool | None = None
 
@@ -67,8 +111,10 @@ class Finding:
     severity: str
     claimed: str
     expected: str
-    measured: str
+    measured: str  # "" when nothing was measured
     message: str
+    basis: str = ""  # what `expected` stands on: spec, peers, reference, prediction, ...
+    details: dict = field(default_factory=dict, compare=False)
 
 
 def spec_for(name: str, specs: list[Spec]) -> Spec | None:
@@ -91,69 +137,123 @@ def evaluate(ev: Evidence, spec: Spec | None, specs: list[Spec]) -> list[Finding
     probe = ev.probe or {}
     facts = probe.get("facts") or {}
     found = [_identity(ev, spec, specs, facts)]
-    found += [_vram(ev, spec, probe), _bandwidth(spec, probe, facts), _compute(spec, probe)]
-    found += [_pcie(spec, probe, facts), _power(facts), _virtualisation(ev, facts)]
+    found += [_vram(ev, spec, probe), _bandwidth(ev, spec, probe, facts), _compute(ev, spec, probe)]
+    found += [_pcie(spec, probe, facts), _power(spec, facts), _virtualisation(ev, facts)]
     found += [_uuid(ev), _serving(ev), _prefix_cache(ev), _context(ev)]
     return [f for f in found if f is not None]
 
 
+def _not_probed(ev: Evidence, what: str) -> str:
+    why = ev.probe_note or "the probes did not run on this machine"
+    return f"{what} was not measured: {why}."
+
+
 def _identity(ev: Evidence, spec: Spec | None, specs: list[Spec], facts: dict) -> Finding:
-    if spec is None:
-        return Finding("identity", OK, ev.claimed_model or ev.reported_name, "no reference spec",
-                       ev.reported_name, f"Rigshare has no reference spec for the "
-                       f"{ev.reported_name}: it is verified by measurement alone.")
-    seen = {"compute capability": (facts.get("compute_capability_cuda"),
-                                   spec.compute_capability),
-            "SMs": (facts.get("sm_count"), spec.sm_count),
-            "bus width": (facts.get("memory_bus_width_bits"), spec.bus_width_bits)}
-    wrong = {k: (got, want) for k, (got, want) in seen.items()
-             if got not in (None, "") and want not in (None, "") and str(got) != str(want)}
     claimed = ev.claimed_model or ev.reported_name
+    if spec is None:
+        return Finding("identity", NOT_MEASURED, claimed, "no reference spec", "",
+                       f"Rigshare has no reference spec for the {ev.reported_name}: its "
+                       "identity cannot be checked, and it is verified by measurement alone.",
+                       basis="none")
+    wrong = {}
     if ev.claimed_model and spec_for(ev.claimed_model, specs) not in (None, spec):
         wrong["model"] = (ev.reported_name, ev.claimed_model)
-    if not wrong:
-        return Finding("identity", OK, claimed, spec.name, ev.reported_name,
-                       f"The card is the {spec.name} it says it is (compute capability, SM "
-                       "count and memory bus match).")
-    cc, sms = facts.get("compute_capability_cuda"), facts.get("sm_count")
-    looks_like = next((s.name for s in specs if s is not spec and s.compute_capability == cc
-                       and (sms is None or s.sm_count == sms)), None)
-    detail = ", ".join(f"{k} {got} (expected {want})" for k, (got, want) in wrong.items())
-    guess = f" It behaves like an {looks_like}." if looks_like else ""
-    return Finding("identity", MISMATCH, claimed, spec.name, detail,
-                   f"Reports itself as an {spec.name}, but the GPU itself says otherwise: "
-                   f"{detail}.{guess}")
+    pairs = {"compute capability": (facts.get("compute_capability_cuda"),
+                                    spec.compute_capability),
+             "SM count": (facts.get("sm_count"), spec.sm_count),
+             "memory bus width": (facts.get("memory_bus_width_bits"), spec.bus_width_bits)}
+    compared = {k: v for k, v in pairs.items() if v[0] not in (None, "") and v[1] not in (None, "")}
+    wrong |= {k: v for k, v in compared.items() if str(v[0]) != str(v[1])}
+    if wrong:
+        cc, sms = facts.get("compute_capability_cuda"), facts.get("sm_count")
+        looks_like = next((s.name for s in specs if s is not spec and cc and
+                           s.compute_capability == cc and (sms is None or s.sm_count == sms)),
+                          None)
+        detail = ", ".join(f"{k} {got} (expected {want})" for k, (got, want) in wrong.items())
+        guess = f" It behaves like an {looks_like}." if looks_like else ""
+        return Finding("identity", MISMATCH, claimed, spec.name, detail,
+                       f"Reports itself as an {spec.name}, but the GPU itself says otherwise: "
+                       f"{detail}.{guess}", basis="spec")
+    if not compared:
+        missing = [k for k, (got, want) in pairs.items() if want not in (None, "")]
+        why = (f"the agent reported no {_words(missing, 'or')}" if missing else
+               f"the {spec.name} has no compute capability, SM count or bus width to compare")
+        return Finding("identity", NOT_MEASURED, claimed, spec.name, "",
+                       f"Identity not checked: {why}.", basis="spec")
+    names = _words(list(compared))
+    measured = ", ".join(f"{k} {got}" for k, (got, _) in compared.items())
+    return Finding("identity", OK, claimed, spec.name, measured,
+                   f"The card is the {spec.name} it says it is: its {names} "
+                   f"{'match' if len(compared) > 1 else 'matches'} the spec.", basis="spec")
 
 
-def _vram(ev: Evidence, spec: Spec | None, probe: dict) -> Finding | None:
+def _words(items: list[str], last: str = "and") -> str:
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + f" {last} " + items[-1]
+
+
+def _vram(ev: Evidence, spec: Spec | None, probe: dict) -> Finding:
     vram = probe.get("vram")
     promised_mib = max(filter(None, [ev.reported_memory_mib,
                                      (ev.claimed_vram_gb or 0) * 1024]), default=None)
     claimed = f"{ev.claimed_vram_gb} GB" if ev.claimed_vram_gb else (
         _gb(ev.reported_memory_mib) if ev.reported_memory_mib else "")
-    if not vram or promised_mib is None:
-        return Finding("vram", OK, claimed, "", "not measured",
-                       "Memory capacity was not tested on this hardware.")
+    if spec is not None and spec.unified_memory and not vram:
+        return _unified_memory(ev, spec, promised_mib, claimed)
+    if not vram:
+        return Finding("vram", NOT_MEASURED, claimed, _gb(promised_mib) if promised_mib else "",
+                       "", _not_probed(ev, "Memory capacity"))
+    if promised_mib is None:
+        free = _gb(vram.get("free_bytes", 0) / 2**20)
+        return Finding("vram", NOT_MEASURED, "", "", free,
+                       f"{free} of memory allocated, but neither the machine nor the listing "
+                       "says how much it should have.")
     usable_mib = vram.get("free_bytes", 0) / 2**20
     if not vram.get("pattern_ok", True):
         return Finding("vram", MISMATCH, claimed, "pattern read back intact",
                        "pattern corrupted", "Memory returned different data than was written: "
-                       "the card has memory errors.")
+                       "the card has memory errors.", basis="claim")
     if usable_mib < THRESHOLDS["vram"] * promised_mib:
         return Finding("vram", MISMATCH, claimed, _gb(promised_mib), _gb(usable_mib),
                        f"Promises {_gb(promised_mib)} of memory but only {_gb(usable_mib)} "
-                       "could be allocated.")
+                       "could be allocated.", basis="claim")
     return Finding("vram", OK, claimed, _gb(promised_mib), _gb(usable_mib),
-                   f"{_gb(usable_mib)} of memory allocated and checked.")
+                   f"{_gb(usable_mib)} of memory allocated and checked.", basis="claim")
 
 
-def _bandwidth(spec: Spec | None, probe: dict, facts: dict) -> Finding:
+def _unified_memory(ev: Evidence, spec: Spec, promised_mib: float | None,
+                    claimed: str) -> Finding:
+    """Apple Silicon shares one memory between CPU and GPU: the size it reports must be one the
+    chip is made with; only an allocation test would measure it."""
+    most = spec.memory_gb * 1024
+    if promised_mib and promised_mib > most * 1.02:
+        return Finding("vram", MISMATCH, claimed, f"at most {spec.memory_gb} GB",
+                       _gb(promised_mib), f"Claims {_gb(promised_mib)} of unified memory, "
+                       f"but an {spec.name} is made with at most {spec.memory_gb} GB.",
+                       basis="spec")
+    size = f" ({_gb(promised_mib)}, within what an {spec.name} is made with)" \
+        if promised_mib else ""
+    return Finding("vram", NOT_MEASURED, claimed, f"at most {spec.memory_gb} GB", "",
+                   f"Unified memory size as the machine reports it{size}; not measured: "
+                   f"{(ev.probe_note or 'the probes did not run on this machine')}.",
+                   basis="spec")
+
+
+def _bandwidth(ev: Evidence, spec: Spec | None, probe: dict, facts: dict) -> Finding:
     measured = (probe.get("bandwidth") or {}).get("best_gbs")
-    expected = spec.bandwidth_gbs if spec else facts.get("theoretical_bandwidth_gbs")
+    theoretical = facts.get("theoretical_bandwidth_gbs")
+    expected = spec.bandwidth_gbs if spec else theoretical
     basis = "spec" if spec else "the card's own memory clock and bus width"
-    if not measured or not expected:
-        return Finding("bandwidth", OK, "", f"{expected or '?'} GB/s", "not measured",
-                       "Memory bandwidth was not measured on this hardware.")
+    if not measured:
+        return Finding("bandwidth", NOT_MEASURED, "",
+                       f"{expected:,.0f} GB/s" if expected else "", "",
+                       _not_probed(ev, "Memory bandwidth"), basis="spec" if spec else "")
+    if not expected:
+        return Finding("bandwidth", NOT_MEASURED, "", "", f"{measured:,.0f} GB/s",
+                       f"Memory bandwidth measured at {measured:,.0f} GB/s, but there is "
+                       "nothing to compare it with: no reference spec, and the agent reported "
+                       "no memory clock or bus width.")
     ratio = measured / expected
     severity = _ratio_severity(ratio, "bandwidth")
     text = {OK: f"Memory bandwidth {measured:,.0f} GB/s, {ratio:.0%} of {basis}: as expected.",
@@ -161,19 +261,22 @@ def _bandwidth(spec: Spec | None, probe: dict, facts: dict) -> Finding:
             MISMATCH: f"Memory bandwidth {measured:,.0f} GB/s is far below {basis} "
                       f"({expected:,.0f} GB/s): {ratio:.0%}."}[severity]
     return Finding("bandwidth", severity, "", f"{expected:,.0f} GB/s", f"{measured:,.0f} GB/s",
-                   text)
+                   text, basis="spec" if spec else "clock")
 
 
-def _compute(spec: Spec | None, probe: dict) -> Finding:
+def _compute(ev: Evidence, spec: Spec | None, probe: dict) -> Finding:
     measured = (probe.get("matmul") or {}).get("best_tflops")
     expected = spec.bf16_tflops if spec else None
     if not measured:
-        return Finding("compute", OK, "", f"{expected or '?'} TFLOPS", "not measured",
-                       "BF16 compute was not measured on this hardware.")
+        return Finding("compute", NOT_MEASURED, "",
+                       f"{expected:,.0f} TFLOPS" if expected else "", "",
+                       _not_probed(ev, "BF16 compute"), basis="spec" if expected else "")
     if not expected:
-        return Finding("compute", OK, "", "no reference", f"{measured:,.0f} TFLOPS",
-                       f"BF16 matmul runs at {measured:,.0f} TFLOPS (no published figure to "
-                       "compare with).")
+        whose = f"the {spec.name}" if spec else "this card"
+        return Finding("compute", NOT_MEASURED, "", "no published figure",
+                       f"{measured:,.0f} TFLOPS",
+                       f"BF16 matmul runs at {measured:,.0f} TFLOPS; no dense BF16 figure is "
+                       f"published for {whose} to compare it with.")
     ratio = measured / expected
     severity = _ratio_severity(ratio, "compute")
     text = {OK: f"BF16 compute {measured:,.0f} TFLOPS, {ratio:.0%} of spec: as expected.",
@@ -181,13 +284,13 @@ def _compute(spec: Spec | None, probe: dict) -> Finding:
             MISMATCH: f"BF16 compute {measured:,.0f} TFLOPS is far below spec "
                       f"({expected:,.0f}): {ratio:.0%}."}[severity]
     return Finding("compute", severity, "", f"{expected:,.0f} TFLOPS", f"{measured:,.0f} TFLOPS",
-                   text)
+                   text, basis="spec")
 
 
 def _pcie(spec: Spec | None, probe: dict, facts: dict) -> Finding | None:
     gen, width = facts.get("pcie_gen_max"), facts.get("pcie_width_max")
     if not gen or not width:
-        return None
+        return None  # no PCIe card (Apple Silicon) or no probe: nothing to say
     capable = spec.pcie_gen if spec and spec.pcie_gen else gen
     link = f"Gen{gen} x{width}"
     expected = f"Gen{capable} x16"
@@ -198,24 +301,40 @@ def _pcie(spec: Spec | None, probe: dict, facts: dict) -> Finding | None:
         measured = f"{link}, {h2d:.1f} GB/s" if h2d else link
         return Finding("pcie", MISMATCH, "", expected, measured,
                        f"The card sits on a {link} link ({measured}): loading models and "
-                       "moving data will be very slow.")
+                       "moving data will be very slow.", basis="spec")
     if gen < capable or width < 16:
         return Finding("pcie", WARNING, "", expected, link,
-                       f"The card runs on a {link} link, below the {expected} it supports.")
+                       f"The card runs on a {link} link, below the {expected} it supports.",
+                       basis="spec")
     return Finding("pcie", OK, "", expected, link + (f", {h2d:.1f} GB/s" if h2d else ""),
-                   f"PCIe {link} as the card supports.")
+                   f"PCIe {link} as the card supports.", basis="spec")
 
 
-def _power(facts: dict) -> Finding | None:
-    limit, default = facts.get("power_limit_w"), facts.get("power_default_limit_w")
-    if not limit or not default:
+def _power(spec: Spec | None, facts: dict) -> Finding | None:
+    """The power limit against the spec's default, never against the agent's own word for its
+    default: a card capped at 300 W that calls 300 W its default is still capped."""
+    limit, said = facts.get("power_limit_w"), facts.get("power_default_limit_w")
+    if spec is None or spec.unified_memory:
+        return None if spec is not None or not limit else Finding(
+            "power", NOT_MEASURED, "", "", f"{limit} W",
+            f"The power limit is {limit} W; with no reference spec there is no default to "
+            "compare it with.")
+    if not spec.power_w:
         return None
-    severity = _ratio_severity(limit / default, "power")
+    if not limit:
+        return Finding("power", NOT_MEASURED, "", f"{spec.power_w} W", "",
+                       "The power limit was not reported, so it could not be compared with the "
+                       f"{spec.name}'s default {spec.power_w} W.", basis="spec")
+    severity = _ratio_severity(limit / spec.power_w, "power")
+    own = (f" The machine calls {said} W its default; the {spec.name}'s is {spec.power_w} W."
+           if said and abs(said - spec.power_w) > 0.1 * spec.power_w else "")
     if severity != OK:
-        return Finding("power", severity, "", f"{default} W", f"{limit} W",
-                       f"The power limit is set to {limit} W, below the card's default "
-                       f"{default} W: it will run slower under load.")
-    return Finding("power", OK, "", f"{default} W", f"{limit} W", "Power limit at default.")
+        return Finding("power", severity, "", f"{spec.power_w} W", f"{limit} W",
+                       f"The power limit is set to {limit} W, below the {spec.name}'s default "
+                       f"{spec.power_w} W: it will run slower under load.{own}", basis="spec")
+    return Finding("power", OK, "", f"{spec.power_w} W", f"{limit} W",
+                   f"Power limit {limit} W, at the {spec.name}'s default or above.{own}",
+                   basis="spec")
 
 
 def _virtualisation(ev: Evidence, facts: dict) -> Finding | None:
@@ -232,31 +351,114 @@ def _virtualisation(ev: Evidence, facts: dict) -> Finding | None:
 
 
 def _uuid(ev: Evidence) -> Finding | None:
+    if ev.uuid_repeated_on_node:
+        return Finding("uuid", MISMATCH, "", "a UUID of its own", "repeated on this machine",
+                       "Two GPUs of this machine report the same UUID: one GPU is counted "
+                       "twice, so the report is spoofed.")
     if not ev.other_nodes_with_uuid:
         return None
     nodes = ", ".join(f"#{n}" for n in ev.other_nodes_with_uuid)
     return Finding("uuid", MISMATCH, "", "a UUID of its own", f"also on node {nodes}",
-                   f"This GPU's UUID is also reported by node {nodes}: one GPU cannot be in "
-                   "two machines, so at least one of them is spoofed.")
+                   f"This GPU's UUID was reported earlier by node {nodes}, which still reports "
+                   "it: one GPU cannot be in two machines, so this one is kept out until the "
+                   "conflict is gone.")
 
 
-def _serving(ev: Evidence) -> Finding | None:
-    common = sorted(set(ev.served_tps) & set(ev.reference_tps))
-    if not common:
-        return None
-    level = max(common)
-    served, reference = ev.served_tps[level], ev.reference_tps[level]
-    ratio = served / reference
+# --- serving --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Expectation:
+    value: float
+    basis: str  # "peers", "reference" or "prediction"
+    text: str  # "1,248 tok/s by 3 RTX PRO 6000 peers on this model"
+    notes: tuple[str, ...] = ()
+
+
+def expectation(ev: Evidence, level: int) -> tuple[Expectation | None, tuple[str, ...]]:
+    """The expectation at one concurrency from the best basis, and what was set aside."""
+    table = ev.reference_tps.get(level)
+    predicted = ev.predicted.get(level)
+    notes: list[str] = []
+    peers = ev.peer_tps.get(level) or ()
+    if len(peers) >= PEERS["min"]:
+        median = statistics.median(peers)
+        n = len(peers)
+        anchor, anchor_text = ((table, "the published figure") if table else
+                               (predicted.floor, "the first-principles floor") if predicted
+                               else (None, ""))
+        if anchor and median < THRESHOLDS["serving"][0] * anchor:
+            notes.append(f"its {n} peer{'s' if n > 1 else ''} serve{'' if n > 1 else 's'} "
+                         f"{median:,.0f} tok/s themselves, far below {anchor_text} "
+                         f"({anchor:,.0f}): not used as a yardstick")
+        else:
+            value = median
+            if n < PEERS["robust"] and (table or predicted):
+                value = min(median, max(table or 0, predicted.expected if predicted else 0))
+            label = f" {ev.peer_label}" if ev.peer_label else ""
+            return Expectation(value, "peers", f"{median:,.0f} tok/s by {n}{label} "
+                               f"peer{'s' if n > 1 else ''} on this model", tuple(notes)), ()
+    if table:
+        label = f" for {ev.reference_label}" if ev.reference_label else ""
+        return Expectation(table, "reference", f"{table:,.0f} tok/s published{label} on this "
+                           "model", tuple(notes)), ()
+    if predicted:
+        note = f" {ev.prediction_note}" if ev.prediction_note else ""
+        return Expectation(predicted.floor, "prediction", f"at least {predicted.floor:,.0f} "
+                           f"tok/s predicted{note}", tuple(notes)), ()
+    return None, tuple(notes)
+
+
+def _serving(ev: Evidence) -> Finding:
+    if not ev.served_tps:
+        return Finding("serving", NOT_MEASURED, "", "", "", "Serving was not measured: "
+                       f"{ev.serving_note or 'the engine was not load-tested'}.")
+    top = max(ev.served_tps)
+    levels = sorted({min(ev.served_tps), top})
+    judged = []  # (ratio, level, served, expectation)
+    set_aside: list[str] = []
+    for level in levels:
+        exp, notes = expectation(ev, level)
+        set_aside += [n for n in notes + (exp.notes if exp else ()) if n not in set_aside]
+        if exp is not None and exp.value > 0:
+            judged.append((ev.served_tps[level] / exp.value, level, ev.served_tps[level], exp))
+    details = {"levels": {str(level): _level_details(ev, level) for level in sorted(ev.served_tps)},
+               "peers": max((len(v) for v in ev.peer_tps.values()), default=0)}
+    extra = f" ({'; '.join(set_aside)})" if set_aside else ""
+    if not judged:
+        served = ev.served_tps[top]
+        return Finding("serving", NOT_MEASURED, "", "no basis", f"{served:,.0f} tok/s @{top}",
+                       f"Serves {served:,.0f} tokens/s at {top} concurrent requests; Rigshare "
+                       "has no basis to judge it: no verified peer serves this model on the "
+                       "same hardware, there is no published figure for it, and the model's "
+                       f"size is not known{extra}.", basis="none", details=details)
+    # The worst level decides; among equals, the highest concurrency (the capacity) is shown.
+    rank = {MISMATCH: 0, WARNING: 1, OK: 2}
+    ratio, level, served, exp = min(judged, key=lambda j: (
+        rank[_ratio_severity(j[0], "serving")], -j[1]))
+    details["basis"] = exp.basis
     severity = _ratio_severity(ratio, "serving")
-    text = {OK: f"Serves {served:,.0f} tokens/s at {level} concurrent requests, "
-                f"{ratio:.0%} of what this hardware serves elsewhere.",
+    text = {OK: f"Serves {served:,.0f} tokens/s at {level} concurrent requests, {ratio:.0%} of "
+                f"its expectation: {exp.text}{extra}.",
             WARNING: f"Serves {served:,.0f} tokens/s at {level} concurrent requests, only "
-                     f"{ratio:.0%} of what this hardware serves elsewhere.",
-            MISMATCH: f"Serves far below what its hardware predicts: {served:,.0f} tokens/s at "
-                      f"{level} concurrent requests where the same hardware serves "
-                      f"{reference:,.0f} ({ratio:.0%})."}[severity]
-    return Finding("serving", severity, "", f"{reference:,.0f} tok/s @{level}",
-                   f"{served:,.0f} tok/s @{level}", text)
+                     f"{ratio:.0%} of its expectation: {exp.text}{extra}.",
+            MISMATCH: f"Serves far below its expectation: {served:,.0f} tokens/s at {level} "
+                      f"concurrent requests, {ratio:.0%} of {exp.text}{extra}."}[severity]
+    return Finding("serving", severity, "", f"{exp.value:,.0f} tok/s @{level} ({exp.basis})",
+                   f"{served:,.0f} tok/s @{level}", text[:500], basis=exp.basis, details=details)
+
+
+def _level_details(ev: Evidence, level: int) -> dict:
+    """Every basis at one concurrency, for the rent page's plot."""
+    row = {"measured": ev.served_tps[level]}
+    if level in ev.reference_tps:
+        row["reference"] = ev.reference_tps[level]
+    if ev.peer_tps.get(level):
+        row["peers"] = statistics.median(ev.peer_tps[level])
+        row["peer_count"] = len(ev.peer_tps[level])
+    if level in ev.predicted:
+        row["predicted"] = round(ev.predicted[level].expected, 1)
+        row["floor"] = round(ev.predicted[level].floor, 1)
+    return row
 
 
 def _prefix_cache(ev: Evidence) -> Finding | None:
@@ -280,6 +482,13 @@ def _context(ev: Evidence) -> Finding | None:
                    "advertises.")
 
 
-def verdict(findings: list[Finding]) -> str:
-    """flagged when anything is a mismatch; verified otherwise (warnings are shown, not flags)."""
-    return "flagged" if any(f.severity == MISMATCH for f in findings) else "verified"
+def verdict(findings) -> str:
+    """flagged: any mismatch. verified: at least one hardware check was made. serving_verified:
+    only the engine was measured (Apple Silicon without probes, say). unverified: nothing was."""
+    if any(f.severity == MISMATCH for f in findings):
+        return "flagged"
+    if any(f.metric in HARDWARE_CHECKS and f.severity in (OK, WARNING) for f in findings):
+        return "verified"
+    if any(f.metric == "serving" and f.measured for f in findings):
+        return "serving_verified"
+    return "unverified"

@@ -69,6 +69,8 @@ class VerificationRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     error = models.CharField(max_length=500, blank=True)
     model = models.CharField(max_length=200, blank=True)  # the engine model load-tested
+    # Times a step was taken up again after the worker doing it died (services.STEP_STALE).
+    resumed = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -138,6 +140,8 @@ class Finding(models.Model):
         OK = "ok"
         WARNING = "warning"
         MISMATCH = "mismatch"
+        # One side of the comparison is missing: shown grey with the reason, never as passed.
+        NOT_MEASURED = "not_measured", "not measured"
 
     run = models.ForeignKey(VerificationRun, on_delete=models.CASCADE, related_name="findings")
     card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="findings")
@@ -147,6 +151,10 @@ class Finding(models.Model):
     expected = models.CharField(max_length=100, blank=True)
     measured = models.CharField(max_length=100, blank=True)
     message = models.CharField(max_length=500)
+    # What `expected` stands on (spec, peers, reference, prediction, none) and, for serving,
+    # every basis per concurrency: the rent page's plot.
+    basis = models.CharField(max_length=16, blank=True)
+    details = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["card_id", "id"]

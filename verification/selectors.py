@@ -3,7 +3,12 @@
 from verification import charts
 from verification import evaluate as ev
 from verification.models import Finding, GpuSpec, VerificationRun
-from verification.spec_data import SERVING_REFERENCE
+
+_ORDER = ("mismatch", "warning", "ok", "not_measured")
+# What the plot's circles stand for, by the serving finding's basis.
+_EXPECTED = {"peers": ("peers", "the median of its fleet peers"),
+             "reference": ("reference", "the published figure for this hardware"),
+             "prediction": ("floor", "the first-principles floor for its hardware")}
 
 
 def card_panel(card, user) -> dict:
@@ -23,20 +28,21 @@ def card_panel(card, user) -> dict:
     def value(metric):
         return mine[metric].value if metric in mine else None
 
-    panel["findings"] = sorted(findings, key=lambda f: ("mismatch", "warning", "ok").index(
-        f.severity))
+    panel["findings"] = sorted(findings, key=lambda f: _ORDER.index(f.severity)
+                               if f.severity in _ORDER else len(_ORDER))
     panel["hardware_chart"] = charts.measured_vs_spec([
         ("Memory bandwidth", value("bandwidth_gbs"), spec.bandwidth_gbs if spec else None,
-         "GB/s", severity.get("bandwidth", "ok")),
+         "GB/s", severity.get("bandwidth", "not_measured")),
         ("BF16 matmul", value("bf16_tflops"), spec.bf16_tflops if spec else None, "TFLOPS",
-         severity.get("compute", "ok")),
-        ("Host to device", value("h2d_gbs"), None, "GB/s", severity.get("pcie", "ok")),
+         severity.get("compute", "not_measured")),
+        ("Host to device", value("h2d_gbs"), None, "GB/s", severity.get("pcie", "not_measured")),
     ])
     served = {int(k.split("@")[1]): m.value for k, m in engine.items() if k.startswith("tps@")}
-    count = card.node.cards.filter(present=True).count()
-    reference = next((dict(r["tps"]) for r in SERVING_REFERENCE if spec and r["gpu"] == spec.name
-                      and r["count"] == count and r["model"] == done.model), {})
-    panel["serving_chart"] = charts.tokens_vs_concurrency(served, reference)
+    serving = next((f for f in findings if f.metric == "serving"), None)
+    key, label = _EXPECTED.get(serving.basis if serving else "", ("", ""))
+    levels = (serving.details or {}).get("levels", {}) if serving else {}
+    expected = {int(level): row[key] for level, row in levels.items() if key and key in row}
+    panel["serving_chart"] = charts.tokens_vs_concurrency(served, expected, label)
     panel["ttft"] = sorted((int(k.split("@")[1]), m.value) for k, m in engine.items()
                            if k.startswith("ttft_p50@"))
     panel["verdict"] = ev.verdict(findings)

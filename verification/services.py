@@ -6,22 +6,32 @@
 Each step claims its run with a compare-and-set on the status, so a step retried after a crash
 or run twice by two workers does its work once; measurements and findings are unique per
 (run, card, metric), so a repeated step overwrites instead of duplicating.
+
+A step in progress stamps `updated_at` at least every TOUCH_EVERY_S. A step whose stamp is older
+than STEP_STALE was left by a worker that died: the same task redelivered by Celery (acks_late,
+reject_on_worker_lost) or queued again by the sweep (`runs_resume_stale`, every 15 s) takes it
+up, at most MAX_RESUMES times.
 """
 
 import asyncio
 import concurrent.futures
+import time
+from collections import Counter
 from dataclasses import asdict
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from agent.probes import DEFAULT_PARAMS as PROBE_PARAMS
+from marketplace import modelmath
 from marketplace import services as marketplace
-from marketplace.models import Card, Node
+from marketplace.model_data import architecture_for
+from marketplace.models import Card, Node, UuidConflict
 from verification import evaluate as ev
-from verification import loadtest
+from verification import loadtest, predict
 from verification.models import (
     Finding,
     GpuSpec,
@@ -35,15 +45,14 @@ from verification.spec_data import SERVING_REFERENCE
 Status = VerificationRun.Status
 PROVIDER_COOLDOWN = timedelta(hours=1)
 STALE_AFTER = timedelta(minutes=20)  # no progress for this long: the run is timed out
+STEP_STALE = timedelta(seconds=45)  # a step not stamped for this long lost its worker
+TOUCH_EVERY_S = 10.0
+MAX_RESUMES = 3
 WEEKLY = timedelta(days=7)
 
 
 class VerificationRefused(Exception):
     pass
-
-
-def _probe_params() -> dict:
-    return {"warmup_s": 1.0, "iterations": 20, "matmul_n": 8192, "copy_bytes": 256 * 2**20}
 
 
 def run_start(*, node_id: int, trigger: str, now: datetime | None = None) -> VerificationRun:
@@ -57,7 +66,7 @@ def run_start(*, node_id: int, trigger: str, now: datetime | None = None) -> Ver
             run = VerificationRun.objects.create(
                 node_id=node_id, trigger=trigger, status=Status.PROBING, created_at=now,
                 updated_at=now, step_detail="waiting for the machine to run its probes")
-            ProbeJob.objects.create(run=run, node_id=node_id, params=_probe_params(),
+            ProbeJob.objects.create(run=run, node_id=node_id, params=dict(PROBE_PARAMS),
                                     created_at=now)
     except IntegrityError:  # another start won the race: one active run per node
         return active.get()
@@ -138,8 +147,16 @@ def _progress(run: VerificationRun, detail: str, pct: int, now=None) -> None:
 
 
 def _claim(run_id: int, before: str, after: str, detail: str, pct: int) -> bool:
-    return bool(VerificationRun.objects.filter(pk=run_id, status=before).update(
-        status=after, step_detail=detail, progress_pct=pct, updated_at=timezone.now()))
+    """Take the run from `before` to `after`, or take up again an `after` step whose worker
+    died (no stamp for STEP_STALE); False when another worker has it."""
+    now = timezone.now()
+    if VerificationRun.objects.filter(pk=run_id, status=before).update(
+            status=after, step_detail=detail, progress_pct=pct, updated_at=now):
+        return True
+    return bool(VerificationRun.objects.filter(
+        pk=run_id, status=after, updated_at__lt=now - STEP_STALE, resumed__lt=MAX_RESUMES,
+    ).update(step_detail=f"{detail} (taken up again)", progress_pct=pct, updated_at=now,
+             resumed=F("resumed") + 1))
 
 
 def runs_ready_for_load_test() -> list[int]:
@@ -156,7 +173,7 @@ def run_load_test(*, run_id: int) -> bool:
         return False
     run = VerificationRun.objects.select_related("node").get(pk=run_id)
     ProbeJob.objects.filter(run=run, status=ProbeJob.Status.PENDING).update(
-        status=ProbeJob.Status.FAILED, error="no answer in time")
+        status=ProbeJob.Status.FAILED, error="the machine did not answer in time")
     node = run.node
     if not node.engine_url or not node.engine_reachable:
         _progress(run, "the engine was not reachable: no load test", 80)
@@ -170,7 +187,7 @@ def run_load_test(*, run_id: int) -> bool:
             node.engine_url, levels=settings.RIGSHARE_LOAD_TEST_LEVELS,
             max_concurrency=_advertised_concurrency(node),
             progress=lambda detail, pct: latest.update(detail=detail, pct=pct)))
-        shown = None
+        shown, stamped = None, time.monotonic()
         while True:
             try:
                 result = future.result(timeout=1)
@@ -179,6 +196,10 @@ def run_load_test(*, run_id: int) -> bool:
                 if latest and latest != shown:
                     shown = dict(latest)
                     _progress(run, f"load test: {shown['detail']}", 35 + shown["pct"] * 45 // 100)
+                    stamped = time.monotonic()
+                elif time.monotonic() - stamped >= TOUCH_EVERY_S:  # alive, between steps
+                    VerificationRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
+                    stamped = time.monotonic()
             except Exception as exc:  # an engine that breaks under load: a finding, no crash
                 VerificationRun.objects.filter(pk=run.pk).update(
                     error=f"load test: {exc}"[:500], updated_at=timezone.now())
@@ -208,7 +229,8 @@ def _advertised_concurrency(node: Node) -> int | None:
 
 def _specs() -> list[ev.Spec]:
     return [ev.Spec(s.name, s.memory_gb, s.bandwidth_gbs, s.bf16_tflops, s.pcie_gen,
-                    s.compute_capability, s.bus_width_bits, s.sm_count, tuple(s.nvml_names))
+                    s.compute_capability, s.bus_width_bits, s.sm_count, tuple(s.nvml_names),
+                    s.power_w)
             for s in GpuSpec.objects.all()]
 
 
@@ -216,47 +238,141 @@ def run_evaluate(*, run_id: int) -> bool:
     if not _claim(run_id, Status.LOAD_TESTING, Status.EVALUATING, "evaluating", 85):
         return False
     run = VerificationRun.objects.select_related("node").get(pk=run_id)
+    _judge(run)
+    _progress(run, "evaluated", 95)
+    return True
+
+
+def _judge(run: VerificationRun) -> list[Finding]:
+    """Findings for every present card of the run's node, from its measurements and the fleet's
+    evidence as it stands now; replaces what the run had."""
     specs = _specs()
     job = run.jobs.filter(status=ProbeJob.Status.DONE).first()
     probe = (job.result if job else None) or {}
     by_index = {g.get("index"): g for g in probe.get("gpus") or []}
     node_level = {m.metric: m for m in run.measurements.filter(card__isnull=True)}
-    served = {int(k.split("@")[1]): m.value for k, m in node_level.items()
-              if k.startswith("tps@")}
-    model = run.model
     cards = list(run.node.cards.filter(present=True).select_related("listing"))
+    serving = _serving_evidence(run, cards, node_level, by_index, specs)
+    probe_note = _probe_note(run, job, probe)
+    uuids = Counter(card.uuid for card in cards if card.uuid)
     with transaction.atomic():
         Finding.objects.filter(run=run).delete()
         rows = []
         for card in cards:
             spec = ev.spec_for(card.name, specs)
+            listing = getattr(card, "listing", None)
             evidence = ev.Evidence(
                 reported_name=card.name, reported_memory_mib=card.memory_total_mib,
-                claimed_model=card.listing.claimed_gpu_model,
-                claimed_vram_gb=card.listing.claimed_vram_gb,
-                probe=by_index.get(card.index), wsl=bool(probe.get("wsl")),
-                other_nodes_with_uuid=_other_nodes(card),
-                served_tps=served, reference_tps=_reference(spec, len(cards), model),
+                claimed_model=listing.claimed_gpu_model if listing else "",
+                claimed_vram_gb=listing.claimed_vram_gb if listing else None,
+                probe=by_index.get(card.index), probe_note=probe_note,
+                wsl=bool(probe.get("wsl")), other_nodes_with_uuid=_uuid_held_by(card),
+                uuid_repeated_on_node=uuids.get(card.uuid, 0) > 1,
                 prefix_cache_speedup=(node_level["prefix_speedup"].value
                                       if "prefix_speedup" in node_level else None),
                 context_accepted=(bool(node_level["context_accepted"].value)
-                                  if "context_accepted" in node_level else None))
+                                  if "context_accepted" in node_level else None),
+                **serving)
             rows += [Finding(run=run, card=card, **asdict(f))
                      for f in ev.evaluate(evidence, spec, specs)]
-        Finding.objects.bulk_create(rows)
-    _progress(run, "evaluated", 95)
-    return True
+        return Finding.objects.bulk_create(rows)
 
 
-def _other_nodes(card: Card) -> tuple[int, ...]:
-    """Nodes that reported this GPU's UUID before this card did. The first to register a UUID
-    keeps it; a later copy is the suspect (as in the heartbeat's review flag)."""
+def _probe_note(run: VerificationRun, job: ProbeJob | None, probe: dict) -> str:
+    """Why a card has no probe figures, in words for the findings."""
+    if job is None:
+        failed = run.jobs.filter(status=ProbeJob.Status.FAILED).first()
+        return (f"the probe job failed ({failed.error})" if failed and failed.error
+                else "the machine did not answer its probe job")
+    if probe.get("device") == "none":
+        return probe.get("message") or "the machine has no GPU the probes can use"
+    return "the probes reported nothing for this GPU"
+
+
+def _uuid_held_by(card: Card) -> tuple[int, ...]:
+    """The nodes that hold this card's UUID before it (marketplace's open UuidConflicts)."""
     if not card.uuid:
         return ()
-    earlier = (Q(first_seen_at__lt=card.first_seen_at)
-               | Q(first_seen_at=card.first_seen_at, pk__lt=card.pk))
-    return tuple(Card.objects.filter(earlier, uuid=card.uuid, present=True)
-                 .exclude(node=card.node_id).values_list("node_id", flat=True).distinct())
+    return tuple(UuidConflict.objects.filter(node_id=card.node_id, uuid=card.uuid,
+                                             closed_at__isnull=True)
+                 .values_list("incumbent_id", flat=True))
+
+
+# --- the serving expectation: peers, the published reference, first principles ---
+
+PEER_WINDOW = timedelta(days=30)  # a peer's measurement older than this is no longer evidence
+
+
+def _serving_evidence(run, cards, node_level, by_index, specs) -> dict:
+    """The serving part of every card's Evidence (the engine serves the node as a whole)."""
+    served = {int(k.split("@")[1]): m.value for k, m in node_level.items()
+              if k.startswith("tps@") and m.value > 0}
+    if not served:
+        return {"served_tps": {}, "serving_note": (run.error or "the engine was not reachable "
+                                                   "from Rigshare")[:200]}
+    names = {card.name for card in cards}
+    gpu = names.pop() if len(names) == 1 else None
+    spec = ev.spec_for(gpu, specs) if gpu else None
+    count = len(cards)
+    label = (spec.name if spec else gpu or "mixed GPUs")
+    label = f"{count}x {label}" if count > 1 else label
+    engine, quantization = _served_as(run.node, run.model)
+    evidence = {"served_tps": served, "peer_label": label, "reference_label": label}
+    if gpu:
+        evidence["peer_tps"] = _peer_tps(run.node, gpu, count, run.model, engine, quantization)
+    if spec:
+        evidence["reference_tps"] = _reference(spec, count, run.model)
+    predicted, note = _predicted(cards, by_index, spec, run.model, engine, quantization,
+                                 sorted(served))
+    evidence |= {"predicted": predicted, "prediction_note": note}
+    return evidence
+
+
+def _served_as(node: Node, model: str) -> tuple[str, str]:
+    """(engine kind, quantization) the agent reported for this model ("" where unsaid)."""
+    entry = next((m for m in node.engine_served or [] if m.get("id") == model), {})
+    return entry.get("engine") or "", (entry.get("quantization") or "").strip().lower()
+
+
+def _peer_tps(node: Node, gpu: str, count: int, model: str, engine: str, quantization: str,
+              now: datetime | None = None) -> dict[int, tuple[float, ...]]:
+    """Tokens/s by concurrency of the fleet's verified peers: other nodes with `count` present
+    cards, all this GPU and verified, not held out, whose latest run within PEER_WINDOW served
+    this model on the same engine and quantization (where both say)."""
+    now = now or timezone.now()
+    present = Q(cards__present=True)
+    candidates = (Node.objects.exclude(pk=node.pk)
+                  .filter(needs_review=False, uuid_conflict=False,
+                          credential_revoked_at__isnull=True)
+                  .annotate(n=Count("cards", filter=present),
+                            alike=Count("cards", filter=present & Q(
+                                cards__name=gpu,
+                                cards__verification_status=Card.Verification.VERIFIED)))
+                  .filter(n=count, alike=count))
+    latest: dict[int, int] = {}
+    served_as = {}
+    for run_id, node_id, served in (VerificationRun.objects
+                                    .filter(node__in=candidates, status=Status.DONE,
+                                            finished_at__gte=now - PEER_WINDOW)
+                                    .order_by("node_id", "-finished_at", "-pk")
+                                    .values_list("pk", "node_id", "model")):
+        if node_id not in latest:  # each peer's latest run, and only if it served this model
+            latest[node_id] = run_id if served == model else None
+    latest = {n: r for n, r in latest.items() if r is not None}
+    for peer in Node.objects.filter(pk__in=list(latest)).only("pk", "engine_served"):
+        served_as[peer.pk] = _served_as(peer, model)
+    runs = [run_id for node_id, run_id in latest.items()
+            if _alike(served_as.get(node_id, ("", "")), (engine, quantization))]
+    by_level: dict[int, list[float]] = {}
+    for metric, value in Measurement.objects.filter(run_id__in=runs, card__isnull=True,
+                                                    metric__startswith="tps@", value__gt=0
+                                                    ).values_list("metric", "value"):
+        by_level.setdefault(int(metric.split("@")[1]), []).append(value)
+    return {level: tuple(sorted(values)) for level, values in by_level.items()}
+
+
+def _alike(theirs: tuple[str, str], ours: tuple[str, str]) -> bool:
+    return all(not a or not b or a == b for a, b in zip(theirs, ours, strict=True))
 
 
 def _reference(spec: ev.Spec | None, count: int, model: str) -> dict[int, float]:
@@ -268,41 +384,196 @@ def _reference(spec: ev.Spec | None, count: int, model: str) -> dict[int, float]
     return {}
 
 
+# Weights tried, heaviest first, when the agent did not say how the model is quantized: the
+# heaviest that fits gives the lowest, safest prediction.
+_ASSUMED_QUANTIZATIONS = ("bf16", "fp8", "awq")
+
+
+def _predicted(cards, by_index, spec, model, engine, quantization,
+               levels) -> tuple[dict[int, ev.Floor], str]:
+    """The first-principles prediction at each measured concurrency, and what it rests on."""
+    arch = architecture_for(model)
+    size = "the model's architecture"
+    if arch is None:
+        params = modelmath.params_from_name(model)
+        if params is None:
+            return {}, ""
+        arch = modelmath.Architecture(params=params[0], active_params=params[1], layers=0,
+                                      kv_layers=0, kv_heads=0, head_dim=0)
+        size = f"the {params[0] / 1e9:g}B parameters its name states"
+    hw = _hardware(cards, by_index, spec)
+    if hw is None:
+        return {}, ""
+    engines = [engine] if engine in ("vllm", "llama.cpp") else ["vllm", "llama.cpp"]
+    quantizations = [quantization] if quantization else list(_ASSUMED_QUANTIZATIONS)
+    for quant in quantizations:
+        found = {}
+        for level in levels:
+            guesses = [predict.predict(hw, arch, engine=kind, quantization=quant,
+                                       concurrency=level) for kind in engines]
+            if any(g is None for g in guesses):
+                break
+            found[level] = ev.Floor(expected=min(g.expected for g in guesses),
+                                    floor=min(g.floor for g in guesses))
+        else:
+            bandwidth = (f"its measured {hw.bandwidth_gbs:,.0f} GB/s" if hw.bandwidth_measured
+                         else f"its spec's {hw.bandwidth_gbs:,.0f} GB/s (not measured)")
+            weights = quant if quantization else f"{quant}, the heaviest weights that fit"
+            cards_text = f"{hw.cards} cards in tensor parallel, " if hw.cards > 1 else ""
+            return found, (f"from {cards_text}{bandwidth} a card and {size} ({weights})")
+    return {}, ""
+
+
+def _hardware(cards, by_index, spec) -> predict.Hardware | None:
+    """The node as the prediction sees it: each card's own measurements where the probes made
+    them (the slowest card sets the pace of tensor parallel), else its spec."""
+    probes = [by_index.get(card.index) or {} for card in cards]
+    bandwidths = [(p.get("bandwidth") or {}).get("best_gbs") for p in probes]
+    tflops = [(p.get("matmul") or {}).get("best_tflops") for p in probes]
+    reported = [card.memory_total_mib * 2**20 for card in cards if card.memory_total_mib]
+    measured_free = [(p.get("vram") or {}).get("free_bytes") for p in probes]
+    if all(measured_free):
+        # what the card really holds: a spoofed NVML size must not buy KV cache it lacks
+        reported = [min(r, f + predict.ACTIVATION_RESERVE_BYTES)
+                    for r, f in zip(reported or measured_free, measured_free, strict=False)]
+    vram = min(reported) if reported else (spec.memory_gb * 2**30 if spec else None)
+    gens = [card.pcie_gen_max for card in cards]
+    pcie = min(gens) if all(gens) else None
+    if vram is None:
+        return None
+    if all(bandwidths):
+        return predict.Hardware(cards=len(cards), bandwidth_gbs=min(bandwidths), vram_bytes=vram,
+                                bf16_tflops=min(tflops) if all(tflops) else (
+                                    spec.bf16_tflops * predict.SPEC_COMPUTE_SHARE
+                                    if spec and spec.bf16_tflops else None),
+                                pcie_gen=pcie, unified_memory=bool(spec and spec.unified_memory))
+    if spec is None:
+        return None
+    return predict.hardware_from_spec(cards=len(cards), spec_bandwidth_gbs=spec.bandwidth_gbs,
+                                      vram_bytes=vram, spec_tflops=spec.bf16_tflops,
+                                      pcie_gen=pcie, unified_memory=spec.unified_memory)
+
+
 def run_publish(*, run_id: int) -> bool:
-    """Each card's verdict to the catalog, and its verified capacity to routing."""
-    run = VerificationRun.objects.select_related("node").get(pk=run_id)
-    if run.status != Status.EVALUATING:
-        return False
-    findings = list(run.findings.all())
-    node_level = {m.metric: m for m in run.measurements.filter(card__isnull=True)}
-    cards = list(run.node.cards.filter(present=True))
-    total = node_level.get("tps@32")
-    model = run.model
-    specs = _specs()
+    """Each card's verdict to the catalog, and its verified capacity to routing; then the runs
+    of its peers are judged again if the fleet's evidence for them changed."""
+    now = timezone.now()
     with transaction.atomic():
+        if not VerificationRun.objects.filter(pk=run_id, status=Status.EVALUATING).update(
+                status=Status.DONE, progress_pct=100, step_detail="done", finished_at=now,
+                updated_at=now):
+            return False
+        run = VerificationRun.objects.select_related("node").get(pk=run_id)
+        total = run.measurements.filter(card__isnull=True, metric="tps@32").first()
+        cards = list(run.node.cards.filter(present=True))
         for card in cards:
-            mine = [f for f in findings if f.card_id == card.pk]
-            verdict = ev.verdict([ev.Finding(f.metric, f.severity, f.claimed, f.expected,
-                                             f.measured, f.message) for f in mine])
             # Each card's share of its engine: a 2-card tensor-parallel engine counts half each.
-            share = total.value / len(cards) if total and cards else None
-            if share is not None and model:
+            if total and run.model:
                 VerifiedCapacity.objects.update_or_create(
-                    card=card, model=model,
-                    defaults={"tokens_per_s": share, "run": run, "measured_at": timezone.now()})
-            spec = ev.spec_for(card.name, specs)
-            marketplace.card_verification_publish(
-                card_id=card.pk, status=verdict, tokens_per_s=share,
-                reference_spec=spec.name if spec else "")
-        VerificationRun.objects.filter(pk=run.pk).update(
-            status=Status.DONE, progress_pct=100, step_detail="done",
-            finished_at=timezone.now(), updated_at=timezone.now())
+                    card=card, model=run.model,
+                    defaults={"tokens_per_s": total.value / len(cards), "run": run,
+                              "measured_at": now})
+        _publish_verdicts(run, cards, list(run.findings.all()), share_of=total)
+    peers_rejudge(run_id=run.pk)
     return True
 
 
+def run_status(run_id: int) -> str | None:
+    return VerificationRun.objects.filter(pk=run_id).values_list("status", flat=True).first()
+
+
+def _publish_verdicts(run, cards, findings, *, share_of=None) -> None:
+    specs = _specs()
+    for card in cards:
+        mine = [ev.Finding(f.metric, f.severity, f.claimed, f.expected, f.measured, f.message)
+                for f in findings if f.card_id == card.pk]
+        share = share_of.value / len(cards) if share_of and cards else None
+        spec = ev.spec_for(card.name, specs)
+        marketplace.card_verification_publish(
+            card_id=card.pk, status=ev.verdict(mine), tokens_per_s=share,
+            reference_spec=spec.name if spec else "")
+
+
+def run_rejudge(*, run_id: int) -> bool:
+    """Judge a finished run again from its measurements and the fleet's evidence as it stands
+    now (a peer verified or flagged since, a UUID conflict opened or closed), and publish the
+    verdicts. Only the node's latest finished run is judged again."""
+    run = VerificationRun.objects.select_related("node").get(pk=run_id)
+    latest = (VerificationRun.objects.filter(node_id=run.node_id, status=Status.DONE)
+              .order_by("-finished_at", "-pk").first())
+    if latest is None or latest.pk != run.pk:
+        return False
+    with transaction.atomic():
+        findings = _judge(run)
+        cards = list(run.node.cards.filter(present=True))
+        _publish_verdicts(run, cards, findings,
+                          share_of=run.measurements.filter(card__isnull=True,
+                                                           metric="tps@32").first())
+    return True
+
+
+def node_rejudge(*, node_id: int) -> bool:
+    latest = (VerificationRun.objects.filter(node_id=node_id, status=Status.DONE)
+              .order_by("-finished_at", "-pk").values_list("pk", flat=True).first())
+    return latest is not None and run_rejudge(run_id=latest)
+
+
+MAX_PEER_REJUDGES = 50
+
+
+def peers_rejudge(*, run_id: int) -> list[int]:
+    """After a run is published, every run of its peer group (itself first) whose serving was
+    judged with a different number of peers than the fleet has now is judged again: the order
+    in which machines finish must not decide whether a slow one is caught. Does not cascade."""
+    run = VerificationRun.objects.select_related("node").get(pk=run_id)
+    cards = list(run.node.cards.filter(present=True))
+    names = {card.name for card in cards}
+    if not run.model or len(names) != 1:
+        return []
+    gpu = names.pop()
+    others = (VerificationRun.objects.filter(
+        status=Status.DONE, model=run.model, finished_at__gte=timezone.now() - PEER_WINDOW,
+        node__cards__name=gpu, node__cards__present=True).exclude(node_id=run.node_id)
+        .order_by("node_id", "-finished_at", "-pk").values_list("pk", "node_id"))
+    group, seen = [run.pk], set()
+    for other, node_id in others:
+        if node_id not in seen:
+            seen.add(node_id)
+            group.append(other)
+    rejudged = []
+    for member in group[:MAX_PEER_REJUDGES]:
+        member_run = VerificationRun.objects.select_related("node").get(pk=member)
+        member_cards = list(member_run.node.cards.filter(present=True))
+        if len(member_cards) != len(cards) or {c.name for c in member_cards} != {gpu}:
+            continue
+        judged = (Finding.objects.filter(run=member_run, metric="serving")
+                  .values_list("details", flat=True).first())
+        if judged is None:
+            continue
+        engine, quantization = _served_as(member_run.node, run.model)
+        now_available = _peer_tps(member_run.node, gpu, len(cards), run.model, engine,
+                                  quantization)
+        count = max((len(v) for v in now_available.values()), default=0)
+        if count != (judged or {}).get("peers", 0) and run_rejudge(run_id=member):
+            rejudged.append(member)
+    return rejudged
+
+
+def runs_resume_stale(*, now: datetime | None = None) -> list[tuple[int, str]]:
+    """(run id, step) of every load test or evaluation whose worker died (no stamp for
+    STEP_STALE), for the sweep to queue again; one taken up MAX_RESUMES times already fails."""
+    now = now or timezone.now()
+    stale = VerificationRun.objects.filter(status__in=(Status.LOAD_TESTING, Status.EVALUATING),
+                                           updated_at__lt=now - STEP_STALE)
+    stale.filter(resumed__gte=MAX_RESUMES).update(
+        status=Status.FAILED, finished_at=now, updated_at=now,
+        error=f"its worker died {MAX_RESUMES + 1} times during the run")
+    return list(stale.filter(resumed__lt=MAX_RESUMES).values_list("pk", "status"))
+
+
 def runs_time_out_stale(*, now: datetime | None = None) -> list[int]:
-    """Runs with no progress for STALE_AFTER (a worker killed mid-step) are timed out and a
-    fresh run is started in their place, so none stays "running" for ever."""
+    """Runs with no progress for STALE_AFTER (stuck where no step can take them up again) are
+    timed out and a fresh run is started in their place, so none stays "running" for ever."""
     now = now or timezone.now()
     stale = list(VerificationRun.objects.filter(status__in=VerificationRun.ACTIVE,
                                                 updated_at__lt=now - STALE_AFTER)

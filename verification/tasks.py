@@ -1,10 +1,25 @@
 """Thin Celery tasks. The pipeline: run_start, then the agent's probes (answered over HTTP),
 then the chain load test -> evaluate -> publish, started by `verification_advance` as soon as
-a run's probes are in (beat, every 5 s). Every step is idempotent and acks late."""
+a run's probes are in (beat, every 5 s). Every step is idempotent and acks late; a step whose
+worker died is taken up again by its redelivered task or by `verification_sweep` (every 15 s)."""
 
 from celery import chain, shared_task
+from celery.exceptions import Ignore
 
 from verification import services
+
+Status = services.Status
+
+
+def _step(task, service, run_id: int, step: str) -> bool:
+    """Run one step. When another worker holds the run in this step (or held it and died, not
+    long enough ago to tell), try again once it would be stale; when the run has moved on, stop
+    here, and so does the rest of this chain (the next step is someone else's to run)."""
+    if service(run_id=run_id):
+        return True
+    if services.run_status(run_id) == step and task.request.retries < task.max_retries:
+        raise task.retry(countdown=services.STEP_STALE.total_seconds() + 5)
+    raise Ignore()
 
 
 @shared_task(acks_late=True)
@@ -12,24 +27,27 @@ def verification_start(node_id: int, trigger: str) -> int:
     return services.run_start(node_id=node_id, trigger=trigger).pk
 
 
-@shared_task(acks_late=True)
-def verification_load_test(run_id: int) -> bool:
-    return services.run_load_test(run_id=run_id)
+@shared_task(bind=True, acks_late=True, max_retries=3)
+def verification_load_test(self, run_id: int) -> bool:
+    return _step(self, services.run_load_test, run_id, Status.LOAD_TESTING)
 
 
-@shared_task(acks_late=True)
-def verification_evaluate(run_id: int) -> bool:
-    return services.run_evaluate(run_id=run_id)
+@shared_task(bind=True, acks_late=True, max_retries=3)
+def verification_evaluate(self, run_id: int) -> bool:
+    return _step(self, services.run_evaluate, run_id, Status.EVALUATING)
 
 
-@shared_task(acks_late=True)
-def verification_publish(run_id: int) -> bool:
-    return services.run_publish(run_id=run_id)
+@shared_task(bind=True, acks_late=True, max_retries=0)
+def verification_publish(self, run_id: int) -> bool:
+    return _step(self, services.run_publish, run_id, Status.EVALUATING)
 
 
-def pipeline(run_id: int):
-    return chain(verification_load_test.si(run_id), verification_evaluate.si(run_id),
-                 verification_publish.si(run_id))
+def pipeline(run_id: int, step: str = services.Status.LOAD_TESTING):
+    """The chain from `step` on: a run left in evaluation skips its load test."""
+    steps = [verification_evaluate.si(run_id), verification_publish.si(run_id)]
+    if step != services.Status.EVALUATING:
+        steps.insert(0, verification_load_test.si(run_id))
+    return chain(*steps)
 
 
 @shared_task(acks_late=True)
@@ -42,7 +60,10 @@ def verification_advance() -> int:
 
 @shared_task(acks_late=True)
 def verification_sweep() -> int:
-    return len(services.runs_time_out_stale())
+    resumed = services.runs_resume_stale()
+    for run_id, step in resumed:
+        pipeline(run_id, step).apply_async()
+    return len(resumed) + len(services.runs_time_out_stale())
 
 
 @shared_task(acks_late=True)

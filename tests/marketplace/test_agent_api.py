@@ -203,16 +203,19 @@ def test_heartbeat_credentials(api, bob):
     assert Node.objects.get(pk=enrolled["node_id"]).last_heartbeat_at is None
 
 
-def test_gpu_uuid_already_registered_elsewhere_is_stored_and_flagged_for_review(api, bob, mallory):
+def test_gpu_uuid_already_registered_elsewhere_flags_the_newcomer_only(api, bob, mallory):
     first = enroll(api, bob, "honest")
     beat(api, first["credential"], report())
     spoofer = enroll(api, mallory, "spoofer")
     response = beat(api, spoofer["credential"], report())
     assert response.status_code == 200 and response.json()["needs_review"] is True
     node = Node.objects.get(pk=spoofer["node_id"])
-    assert node.needs_review and H200["uuid"] in node.review_reason
+    assert node.uuid_conflict and not node.needs_review
     assert node.cards.get().uuid == H200["uuid"]  # stored, not dropped
-    assert not Node.objects.get(pk=first["node_id"]).needs_review
+    # The incumbent's next heartbeats see the copy too, and it stays clear.
+    reply = beat(api, first["credential"], report()).json()
+    assert reply["needs_review"] is False
+    assert not Node.objects.get(pk=first["node_id"]).held_out
 
 
 def test_node_marked_offline_after_three_missed_heartbeats(api, bob):

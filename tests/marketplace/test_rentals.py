@@ -112,9 +112,10 @@ def test_rent_page_and_flow_through_the_web(client, alice, bob, fund):
     page = client.get(f"/cards/{card.pk}/")
     html = page.content.decode()
     assert page.status_code == 200
-    for text in ["24564 MiB", "8.9", "Gen 4 x16", "450 W", card.uuid, "RTX 4090 24GB",
+    for text in ["24564 MiB", "8.9", "Gen 4 x16", "450 W", card.public_id, "RTX 4090 24GB",
                  "$0.45/h", "Log in to rent", 'class="uptime"']:
         assert text in html
+    assert card.uuid not in html  # a competitor must not be able to copy it
     client.force_login(alice)
     assert "rent-button" in client.get(f"/cards/{card.pk}/").content.decode()
     response = client.post(f"/cards/{card.pk}/rent/", {"mode": "hours", "hours": "2"},

@@ -4,6 +4,7 @@ import pytest
 
 from verification.evaluate import (
     MISMATCH,
+    NOT_MEASURED,
     OK,
     THRESHOLDS,
     WARNING,
@@ -14,9 +15,10 @@ from verification.evaluate import (
     verdict,
 )
 
-RTX_4090 = Spec("RTX 4090", 24, 1008, 165, 4, "8.9", 384, 128, ("NVIDIA GeForce RTX 4090",))
-RTX_3090 = Spec("RTX 3090", 24, 936, 71, 4, "8.6", 384, 82, ("NVIDIA GeForce RTX 3090",))
-H200 = Spec("H200", 141, 4800, 989, 5, "9.0", 6144, 132, ("NVIDIA H200",))
+RTX_4090 = Spec("RTX 4090", 24, 1008, 165, 4, "8.9", 384, 128, ("NVIDIA GeForce RTX 4090",),
+                450)
+RTX_3090 = Spec("RTX 3090", 24, 936, 71, 4, "8.6", 384, 82, ("NVIDIA GeForce RTX 3090",), 350)
+H200 = Spec("H200", 141, 4800, 989, 5, "9.0", 6144, 132, ("NVIDIA H200",), 700)
 SPECS = [RTX_3090, RTX_4090, H200]
 
 
@@ -52,11 +54,29 @@ def by_metric(findings):
 
 
 def test_an_honest_4090_has_no_mismatch_or_warning():
-    findings = evaluate(ev(), RTX_4090, SPECS)
+    findings = evaluate(ev(served_tps={1: 90, 32: 430}, reference_tps={1: 94, 32: 435}),
+                        RTX_4090, SPECS)
     assert {f.severity for f in findings} == {OK}
     assert verdict(findings) == "verified"
-    assert {"identity", "vram", "bandwidth", "compute", "pcie", "power"} <= set(
+    assert {"identity", "vram", "bandwidth", "compute", "pcie", "power", "serving"} <= set(
         by_metric(findings))
+
+
+def test_identity_names_exactly_the_facts_it_compared():
+    found = by_metric(evaluate(ev(), RTX_4090, SPECS))["identity"]
+    assert "compute capability, SM count and memory bus width match" in found.message
+    probe = honest_probe(sm_count=None, memory_bus_width_bits=None)
+    found = by_metric(evaluate(ev(probe=probe), RTX_4090, SPECS))["identity"]
+    assert found.severity == OK and "its compute capability matches" in found.message
+    assert "SM" not in found.message and "bus" not in found.message
+
+
+def test_identity_with_no_fact_to_compare_is_not_measured():
+    probe = honest_probe(compute_capability_cuda=None, sm_count=None, memory_bus_width_bits=None)
+    found = by_metric(evaluate(ev(probe=probe), RTX_4090, SPECS))["identity"]
+    assert found.severity == NOT_MEASURED and found.measured == ""
+    assert "the agent reported no compute capability, SM count or memory bus width" \
+        in found.message
 
 
 def test_identity_a_3090_reporting_itself_as_a_4090():
@@ -64,14 +84,14 @@ def test_identity_a_3090_reporting_itself_as_a_4090():
     found = by_metric(evaluate(ev(probe=probe), RTX_4090, SPECS))["identity"]
     assert found.severity == MISMATCH
     assert "compute capability 8.6 (expected 8.9)" in found.measured
-    assert "SMs 82 (expected 128)" in found.measured
+    assert "SM count 82 (expected 128)" in found.measured
     assert "RTX 3090" in found.message
 
 
 def test_identity_bus_width_alone_is_enough():
     found = by_metric(evaluate(ev(probe=honest_probe(memory_bus_width_bits=256)), RTX_4090,
                                SPECS))["identity"]
-    assert found.severity == MISMATCH and "bus width 256" in found.measured
+    assert found.severity == MISMATCH and "memory bus width 256" in found.measured
 
 
 def test_identity_listing_claims_another_model():
@@ -82,7 +102,8 @@ def test_identity_listing_claims_another_model():
 def test_a_card_missing_from_the_table_is_verified_by_measurement():
     findings = evaluate(ev(reported_name="NVIDIA Mystery 9000", claimed_model=""), None, SPECS)
     found = by_metric(findings)
-    assert found["identity"].severity == OK and "no reference spec" in found["identity"].message
+    assert found["identity"].severity == NOT_MEASURED
+    assert "no reference spec" in found["identity"].message
     # bandwidth is judged against the card's own clock x bus width: 920 of 1008 is fine
     assert found["bandwidth"].severity == OK and "own memory clock" in found["bandwidth"].message
     assert verdict(findings) == "verified"
@@ -167,6 +188,19 @@ def test_power_limit_below_default(limit, severity):
     assert found["power"].severity == severity and found["power"].measured == f"{limit} W"
 
 
+def test_power_is_judged_against_the_spec_not_the_machines_own_default():
+    """An H200 capped at 300 W that calls 300 W its default is still capped (spec: 700 W)."""
+    probe = honest_probe(power_limit_w=300, power_default_limit_w=300)
+    found = by_metric(evaluate(ev(reported_name="NVIDIA H200", probe=probe), H200, SPECS))
+    assert found["power"].severity == MISMATCH and found["power"].expected == "700 W"
+    assert "calls 300 W its default" in found["power"].message
+
+
+def test_power_limit_unreported_is_not_measured():
+    found = by_metric(evaluate(ev(probe=honest_probe(power_limit_w=None)), RTX_4090, SPECS))
+    assert found["power"].severity == NOT_MEASURED
+
+
 def test_wsl_and_virtualisation_are_warnings():
     assert by_metric(evaluate(ev(wsl=True), RTX_4090, SPECS))["virtualisation"].severity \
         == WARNING
@@ -185,10 +219,13 @@ def test_serving_far_below_what_the_hardware_predicts(served, severity):
     found = by_metric(evaluate(ev(served_tps={1: 90, 8: 300, 32: served},
                                   reference_tps={1: 94, 32: 435}), RTX_4090, SPECS))["serving"]
     assert found.severity == severity and "@32" in found.measured
+    assert found.basis == "reference"
 
 
-def test_serving_without_a_reference_gives_no_finding():
-    assert "serving" not in by_metric(evaluate(ev(served_tps={32: 10}), RTX_4090, SPECS))
+def test_serving_with_no_basis_says_so_and_is_never_ok():
+    found = by_metric(evaluate(ev(served_tps={32: 10}), RTX_4090, SPECS))["serving"]
+    assert found.severity == NOT_MEASURED and found.basis == "none"
+    assert "no basis" in found.message and found.measured == "10 tok/s @32"
 
 
 def test_prefix_cache_and_context_checks():
@@ -200,10 +237,21 @@ def test_prefix_cache_and_context_checks():
     assert found["prefix_cache"].severity == WARNING and found["context"].severity == MISMATCH
 
 
-def test_missing_measurements_are_said_not_flagged():
-    findings = evaluate(ev(probe=None), RTX_4090, SPECS)
-    assert verdict(findings) == "verified"
-    assert by_metric(findings)["bandwidth"].measured == "not measured"
+def test_missing_measurements_are_said_not_flagged_and_not_passed():
+    findings = evaluate(ev(probe=None, probe_note="the machine did not answer its probe job"),
+                        RTX_4090, SPECS)
+    found = by_metric(findings)
+    for metric in ("identity", "vram", "bandwidth", "compute"):
+        assert found[metric].severity == NOT_MEASURED, metric
+    assert found["bandwidth"].measured == ""
+    assert "did not answer its probe job" in found["bandwidth"].message
+    assert verdict(findings) == "unverified"
+
+
+def test_serving_alone_is_serving_verified_never_plain_verified():
+    findings = evaluate(ev(probe=None, served_tps={1: 90, 32: 430},
+                           reference_tps={1: 94, 32: 435}), RTX_4090, SPECS)
+    assert verdict(findings) == "serving_verified"
 
 
 def test_spec_lookup_by_nvml_name():
@@ -217,5 +265,5 @@ def test_every_finding_says_something_to_a_renter():
                          bandwidth={"best_gbs": 500}, matmul={"best_tflops": 60})
     for finding in evaluate(ev(probe=probe, wsl=True, other_nodes_with_uuid=(3,)), RTX_4090,
                             SPECS):
-        assert finding.severity in (OK, WARNING, MISMATCH)
+        assert finding.severity in (OK, WARNING, MISMATCH, NOT_MEASURED)
         assert len(finding.message) > 20 and finding.message.endswith(".")

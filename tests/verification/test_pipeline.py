@@ -141,8 +141,11 @@ def test_a_run_without_probe_answer_is_judged_without_it_after_the_wait(bob, set
     run = run_pipeline(run)
     assert run.status == "done"
     assert ProbeJob.objects.get(run=run).status == "failed"
-    assert Card.objects.get(node=node).verification_status == "verified"
-    assert Finding.objects.get(run=run, metric="bandwidth").measured == "not measured"
+    # Nothing was measured (no probes, no engine): nothing is shown as passed.
+    assert Card.objects.get(node=node).verification_status == "unverified"
+    bandwidth = Finding.objects.get(run=run, metric="bandwidth")
+    assert bandwidth.severity == "not_measured" and bandwidth.measured == ""
+    assert "did not answer in time" in bandwidth.message
 
 
 def test_a_stale_run_is_timed_out_and_restarted(bob):

@@ -5,17 +5,15 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.utils import timezone
 
 from fleetsim.profiles import get_profile
 from fleetsim.server import EngineServer, ServerThread
 from tests.verification.test_pipeline import enrolled_node, h200_probe, h200_report
 from verification import services, tasks
-from verification.models import Measurement, VerificationRun
+from verification.models import Finding, Measurement, VerificationRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -64,24 +62,75 @@ def test_the_chain_runs_on_a_real_worker(bob):
     assert node.cards.get().verification_status == "verified"
 
 
-def test_a_worker_killed_mid_load_test_leaves_no_stuck_run_and_no_duplicates(bob):
+def _worker_with_beat(schedule_dir, *extra):
+    """A worker that also runs the beat schedule (advance every 5 s, the sweep every 15 s)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-B",
+         "--schedule", str(schedule_dir / "beat-schedule"), "--without-gossip",
+         "--without-mingle", "--loglevel=WARNING", *extra],
+        env=dict(os.environ, DATABASE_URL=_database_url(), RIGSHARE_LOAD_TEST_LEVELS="1,8"),
+        start_new_session=True)
+
+
+def _answered_run(bob, engine):
+    node = enrolled_node(bob, h200_report(engine_url=engine.url, reachable=True))
+    run = services.run_start(node_id=node.pk, trigger="enrolment")
+    job = services.jobs_for_node(node.pk)[0]
+    services.job_result_record(node_id=node.pk, job_id=job["id"], status="done",
+                               result=h200_probe())
+    return run
+
+
+# Levels 1 and 8, and 128: an H200 is measured where its published figure is.
+EXPECTED_METRICS = {f"{name}@{level}" for name in ("tps", "ttft_p50", "ttft_p99")
+                    for level in (1, 8, 128)} | {"prefix_speedup", "context_accepted"}
+
+
+def test_a_worker_killed_mid_load_test_is_taken_up_again_within_two_minutes(bob, tmp_path):
     with ServerThread(EngineServer(get_profile("2x-rtx-4090"), time_scale=1)) as engine:
-        node = enrolled_node(bob, h200_report(engine_url=engine.url, reachable=True))
-        run = services.run_start(node_id=node.pk, trigger="enrolment")
-        job = services.jobs_for_node(node.pk)[0]
-        services.job_result_record(node_id=node.pk, job_id=job["id"], status="done",
-                                   result=h200_probe())
-        worker = _worker()
+        run = _answered_run(bob, engine)
+        worker = _worker_with_beat(tmp_path, "--pool=solo")
         try:
-            tasks.verification_advance.delay()
             assert _wait_for(lambda: VerificationRun.objects.get(pk=run.pk).status
-                             == "load_testing")
+                             == "load_testing", timeout=60)
         finally:
-            _stop(worker, signal.SIGKILL)  # mid-step, no chance to clean up
-    before = Measurement.objects.filter(run=run).count()
-    # Twenty minutes on, the sweep finds it stale: timed out, and a fresh run takes its place.
-    restarted = services.runs_time_out_stale(now=timezone.now() + timedelta(minutes=21))
+            _stop(worker, signal.SIGKILL)  # mid-step, no chance to clean up or ack
+        killed = time.monotonic()
+        # Its message stays unacked for the broker's visibility timeout (an hour): the sweep,
+        # seeing no progress stamp, queues the step again on the next worker.
+        worker = _worker_with_beat(tmp_path, "--pool=solo")
+        try:
+            assert _wait_for(lambda: VerificationRun.objects.get(pk=run.pk).resumed == 1,
+                             timeout=120)
+            taken_up = time.monotonic() - killed
+            assert _wait_for(lambda: VerificationRun.objects.get(pk=run.pk).status == "done",
+                             timeout=180)
+        finally:
+            _stop(worker)
+    assert taken_up < 120
     run.refresh_from_db()
-    assert run.status == "timed_out" and len(restarted) == 1
-    assert VerificationRun.objects.get(pk=restarted[0]).status == "probing"
-    assert Measurement.objects.filter(run=run).count() == before
+    assert run.resumed == 1 and "taken up again" not in run.step_detail
+    metrics = list(Measurement.objects.filter(run=run, card__isnull=True)
+                   .values_list("metric", flat=True))
+    assert sorted(metrics) == sorted(EXPECTED_METRICS)  # each once, none from the lost try
+    assert Finding.objects.filter(run=run, metric="serving").count() == 1
+
+
+def test_a_second_chain_for_a_run_in_progress_waits_and_never_evaluates_early(bob, tmp_path):
+    """Two chains for one run (the advance queued it twice while workers were busy): the second
+    finds the load test taken and must not evaluate the run before its measurements exist."""
+    with ServerThread(EngineServer(get_profile("2x-rtx-4090"), time_scale=2)) as engine:
+        run = _answered_run(bob, engine)
+        worker = _worker_with_beat(tmp_path, "--pool=threads", "--concurrency=3")
+        try:
+            tasks.pipeline(run.pk).apply_async()
+            tasks.pipeline(run.pk).apply_async()
+            assert _wait_for(lambda: VerificationRun.objects.get(pk=run.pk).status == "done",
+                             timeout=120)
+        finally:
+            _stop(worker)
+    run.refresh_from_db()
+    assert run.resumed == 0
+    serving = Finding.objects.get(run=run, metric="serving")
+    assert serving.measured  # judged after the load test, not before it
+    assert Measurement.objects.filter(run=run, metric="tps@8").count() == 1

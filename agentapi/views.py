@@ -1,0 +1,114 @@
+"""Enrol, heartbeat and job results: thin views that call each app's services in turn."""
+
+from django.conf import settings
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, permissions, serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agentapi.authentication import IsNode, NodeCredentialAuthentication
+from marketplace import services as marketplace
+from marketplace.serializers import (
+    MAX_HEARTBEAT_BYTES,
+    EnrollResponseSerializer,
+    EnrollSerializer,
+    HeartbeatResponseSerializer,
+    HeartbeatSerializer,
+)
+from routing import services as routing
+from verification import services as verification
+from verification.models import VerificationRun
+
+MAX_RESULT_BYTES = 1_000_000
+
+
+def _too_big(request, limit: int) -> Response | None:
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > limit:
+        return Response({"body": [f"The body is {length} bytes; the limit is {limit}."]},
+                        status=400)
+    return None
+
+
+class AgentView(APIView):
+    """A view only a node's agent may call, with its node credential."""
+
+    authentication_classes = [NodeCredentialAuthentication]
+    permission_classes = [IsNode]
+
+    def permission_denied(self, request, message=None, code=None):
+        if request.auth is None:
+            raise exceptions.NotAuthenticated(IsNode.message)
+        super().permission_denied(request, message, code)
+
+
+class AgentEnroll(APIView):
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(request=EnrollSerializer, responses={201: EnrollResponseSerializer})
+    def post(self, request):
+        if (refusal := _too_big(request, MAX_HEARTBEAT_BYTES)) is not None:
+            return refusal
+        serializer = EnrollSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            enrolment = marketplace.node_enroll(**serializer.validated_data)
+        except marketplace.EnrolmentRefused as exc:
+            return Response({"detail": str(exc)}, status=401)
+        return Response({"node_id": enrolment.node.pk, "credential": enrolment.credential,
+                         "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S},
+                        status=201)
+
+
+class AgentHeartbeat(AgentView):
+    @extend_schema(request=HeartbeatSerializer, responses=HeartbeatResponseSerializer)
+    def post(self, request):
+        node = request.auth
+        if (refusal := _too_big(request, MAX_HEARTBEAT_BYTES)) is not None:
+            return refusal
+        serializer = HeartbeatSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        result = marketplace.node_heartbeat_record(node_id=node.pk,
+                                                   report=serializer.validated_data)
+        if result.first_report or result.hardware_changed:
+            trigger = (VerificationRun.Trigger.ENROLMENT if result.first_report
+                       else VerificationRun.Trigger.HARDWARE_CHANGE)
+            transaction.on_commit(lambda: verification.run_start(node_id=node.pk,
+                                                                 trigger=trigger))
+        elif result.uuid_conflicts_changed:
+            # Its UUID finding (and its verdict) follows the conflict, without a new run.
+            verification.node_rejudge(node_id=node.pk)
+        routing.deployments_sync(node_id=node.pk)
+        return Response({"node_id": node.pk, "status": result.node.status,
+                         "needs_review": result.node.held_out,
+                         "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
+                         "jobs": verification.jobs_for_node(node.pk)})
+
+
+class JobResultSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["done", "failed"])
+    result = serializers.DictField(required=False, allow_null=True, default=None)
+    error = serializers.CharField(required=False, allow_null=True, allow_blank=True,
+                                  max_length=2000, default="")
+
+
+class AgentJobResult(AgentView):
+    @extend_schema(request=JobResultSerializer, responses={200: None})
+    def post(self, request, job_id: int):
+        if len(request.body) > MAX_RESULT_BYTES:
+            return Response({"body": ["The result is over 1 MB."]}, status=400)
+        data = JobResultSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            verification.job_result_record(node_id=request.auth.pk, job_id=job_id,
+                                           **data.validated_data)
+        except verification.JobNotFound:
+            return Response({"detail": "No such job for this node."}, status=404)
+        except verification.JobAlreadyAnswered:
+            return Response({"detail": "This job was answered already."}, status=409)
+        return Response({"status": "stored"})
