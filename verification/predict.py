@@ -29,10 +29,14 @@ say something the figures cannot prove:
   0.23 ms on Gen5 (the 5090 pair): one pair each, so a fit, not a law.
 
 Verification therefore judges against `floor`, not `expected`: the prediction with no
-speculative decoding (WEIGHT_PASS 1), the slower tensor-parallel cost where the link is not
-known, and under load never more than the smallest batching gain the fleet published
-(LOAD_GAIN_FLOOR: the 4090 pair's 435 / 94 at 32) over the single-stream floor. No published
-configuration falls below its floor; a card that does is far slower than its hardware allows.
+speculative decoding (WEIGHT_PASS 1), twice the fleet's per-token costs (TOKEN_FLOOR_FACTOR:
+an engine built or tuned worse than the fleet's), and the slower tensor-parallel cost where the
+link is not known. A node whose weights fill more than half of the memory it gives the engine
+(MEMORY_STARVED) batches poorly: the fleet saw two 24 GB replicas of the 27B lose to one
+tensor-parallel pair by 2-4x. Its floor under load is no more than the smallest batching gain
+the fleet published (LOAD_GAIN_FLOOR: the 4090 pair's 435 / 94 at 32) over its single-stream
+floor. No published configuration falls below 85% of its floor; a card that does is far slower
+than its hardware allows.
 """
 
 import math
@@ -51,6 +55,9 @@ COMPUTE = 0.816  # per-token FLOPs over the card's measured BF16 rate (8-bit mat
 TOKEN_MS = 0.183  # per-token cost that is neither weights nor FLOPs (detokenise, stream out)
 TP_MS = {4: 1.66, 5: 0.229}  # per token, tensor parallel over PCIe of this generation
 TP_MS_UNKNOWN = max(TP_MS.values())
+TOKEN_FLOOR_FACTOR = 2.0  # the floor allows an engine twice the fleet's per-token cost
+# Weights above this share of the memory the engine gets: the node is starved of KV cache.
+MEMORY_STARVED = 0.5
 # The smallest published gain of load over one stream: 2x RTX 4090, 435 / 94 at 32.
 LOAD_GAIN_FLOOR = 435 / 94
 LOAD_GAIN_AT = 32
@@ -122,18 +129,19 @@ def predict(hw: Hardware, arch: modelmath.Architecture, *, engine: str,
     kv_s = (sequence_tokens / 2) * modelmath.kv_bytes_per_token(arch) / (hw.cards * bandwidth)
     weights_s = active / hw.cards / bandwidth
 
-    def tokens_per_s(b: int, weight_pass: float, tp_ms: float) -> float:
+    def tokens_per_s(b: int, weight_pass: float, tp_ms: float, token_factor: float = 1.0
+                     ) -> float:
         t_weights = weight_pass * weights_s + STEP_MS / 1e3
-        t_token = compute_s + TOKEN_MS / 1e3 + kv_s + (tp_ms / 1e3 if hw.cards > 1 else 0)
+        t_token = token_factor * (compute_s + TOKEN_MS / 1e3 + kv_s
+                                  + (tp_ms / 1e3 if hw.cards > 1 else 0))
         return b / (t_weights + b * t_token)
 
     tp = TP_MS.get(hw.pcie_gen, TP_MS_UNKNOWN)  # unknown: the slower link's cost
     expected = tokens_per_s(batch, WEIGHT_PASS, tp)
-    floor = tokens_per_s(batch, WEIGHT_PASS_FLOOR, tp)
-    if batch > 1:
-        # Above one stream the physics is least certain: never more than the smallest
-        # batching gain any published machine showed.
-        floor = min(floor, tokens_per_s(1, WEIGHT_PASS_FLOOR, tp) * load_gain_floor(batch))
+    floor = tokens_per_s(batch, WEIGHT_PASS_FLOOR, tp, TOKEN_FLOOR_FACTOR)
+    if batch > 1 and weights > MEMORY_STARVED * usable:
+        floor = min(floor, tokens_per_s(1, WEIGHT_PASS_FLOOR, tp, TOKEN_FLOOR_FACTOR)
+                    * load_gain_floor(batch))
     if not hw.bf16_tflops and batch > 1:
         expected = min(expected, floor * LOAD_GAIN_FLOOR)  # no compute figure: stay modest
     return Prediction(concurrency, expected, floor, batch)

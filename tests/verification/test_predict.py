@@ -43,10 +43,14 @@ def test_the_h200_range_of_published_single_stream_figures():
     assert 163 * (1 - TOLERANCE) <= p.expected <= 176 * (1 + TOLERANCE)
 
 
-def test_a_liar_at_a_third_of_the_fleet_falls_under_the_single_stream_floor():
-    hw = MACHINES["RTX PRO 6000"][0]
-    p = predict(hw, ARCH_27B, engine="vllm", quantization="fp8", concurrency=1)
-    assert 106 * 0.3 < 0.7 * p.floor
+@pytest.mark.parametrize("name, level, published", CASES)
+def test_a_machine_at_30_percent_of_the_fleet_falls_under_its_floor(name, level, published):
+    """What the floor is for: a card serving 30% of what the same hardware serves in the fleet
+    is a mismatch (below 70% of the floor) at one stream and under load, with no peer and no
+    published figure to go by."""
+    hw = MACHINES[name][0]
+    p = predict(hw, ARCH_27B, engine="vllm", quantization="fp8", concurrency=level)
+    assert 0.3 * published < 0.7 * p.floor
 
 
 def test_heavier_weights_predict_slower_decoding():
@@ -83,11 +87,17 @@ def test_the_kv_cache_bounds_the_batch_and_reads_the_layer_types():
     assert h.expected > d.expected
 
 
-def test_the_load_floor_never_exceeds_the_smallest_published_batching_gain():
-    hw = MACHINES["RTX PRO 6000"][0]
-    one = predict(hw, ARCH_27B, engine="vllm", quantization="fp8", concurrency=1)
-    many = predict(hw, ARCH_27B, engine="vllm", quantization="fp8", concurrency=32)
-    assert many.floor <= one.floor * LOAD_GAIN_FLOOR + 1e-9
+def test_a_node_starved_of_kv_room_is_held_to_the_smallest_published_batching_gain():
+    """27B weights fill most of a 24 GB card: the fleet saw such replicas batch poorly, so the
+    floor under load is the single-stream floor times the 4090 pair's gain, no more."""
+    one_4090 = Hardware(1, 907, 24_564 * 2**20, 135)
+    one = predict(one_4090, ARCH_27B, engine="vllm", quantization="awq", concurrency=1)
+    many = predict(one_4090, ARCH_27B, engine="vllm", quantization="awq", concurrency=32)
+    assert many.floor == pytest.approx(one.floor * LOAD_GAIN_FLOOR)
+    roomy = MACHINES["RTX PRO 6000"][0]
+    one = predict(roomy, ARCH_27B, engine="vllm", quantization="fp8", concurrency=1)
+    many = predict(roomy, ARCH_27B, engine="vllm", quantization="fp8", concurrency=32)
+    assert many.floor > one.floor * LOAD_GAIN_FLOOR
 
 
 def test_llama_cpp_on_apple_silicon_reads_its_unified_memory_bandwidth():

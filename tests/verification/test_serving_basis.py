@@ -20,7 +20,7 @@ PRO_6000 = Spec("RTX PRO 6000 Blackwell", 96, 1792, None, 5, "12.0", 512, 188,
 M4_MAX = Spec("Apple M4 Max", 128, 546, None, None, "", None, None, ("Apple M4 Max",))
 SPECS = [PRO_6000, M4_MAX]
 # The first-principles prediction for an RTX PRO 6000 serving the 27B at 8-bit (predict.py).
-PREDICTED = {1: Floor(expected=105.2, floor=48.8), 32: Floor(expected=1342.8, floor=225.8)}
+PREDICTED = {1: Floor(expected=105.2, floor=48.0), 32: Floor(expected=1341.0, floor=644.0)}
 
 
 def serving(**kwargs):
@@ -115,7 +115,7 @@ def test_the_plot_gets_every_basis_per_level():
                     reference_tps={1: 106, 32: 1342}, predicted=PREDICTED)
     levels = found.details["levels"]
     assert levels["32"] == {"measured": 1290, "reference": 1342, "peers": 1248.0,
-                            "peer_count": 1, "predicted": 1342.8, "floor": 225.8}
+                            "peer_count": 1, "predicted": 1341.0, "floor": 644.0}
     assert levels["8"] == {"measured": 700}
 
 
