@@ -80,8 +80,8 @@ class AgentHeartbeat(AgentView):
                        else VerificationRun.Trigger.HARDWARE_CHANGE)
             transaction.on_commit(lambda: verification.run_start(node_id=node.pk,
                                                                  trigger=trigger))
-        elif result.uuid_conflicts_changed:
-            # Its UUID finding (and its verdict) follows the conflict, without a new run.
+        if result.uuid_conflicts_changed:
+            # Its UUID finding, and its verdict, follow the conflict at once, run or no run.
             verification.node_rejudge(node_id=node.pk)
         routing.deployments_sync(node_id=node.pk)
         return Response({"node_id": node.pk, "status": result.node.status,

@@ -151,5 +151,10 @@ def test_openapi_schema_and_docs_page(client):
     for path in ["/api/cards/", "/api/rentals/", "/api/nodes/", "/api/agent/heartbeat/",
                  "/api/agent/enroll/", "/api/listings/{card_id}/", "/api/enrolment-tokens/"]:
         assert path in paths, path
+    # The agent's calls name the node credential as their security scheme.
+    body = schema.json()
+    assert body["components"]["securitySchemes"]["nodeCredential"]["scheme"] == "bearer"
+    for path in ["/api/agent/heartbeat/", "/api/agent/jobs/{job_id}/result/"]:
+        assert paths[path]["post"]["security"] == [{"nodeCredential": []}], path
     docs = client.get("/api/docs/")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()

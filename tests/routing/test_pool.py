@@ -61,6 +61,22 @@ def test_flagged_cards_and_rentals_show_in_the_snapshot(deploy, alice):
     assert by_id[rented.pk].renter_id == alice.pk
 
 
+@pytest.mark.parametrize("hold", [{"needs_review": True}, {"uuid_conflict": True}])
+def test_a_node_held_out_gets_no_shared_traffic_even_with_verified_cards(deploy, hold):
+    held = deploy("http://a")
+    Node.objects.filter(pk=held.node_id).update(**hold)
+    fine = deploy("http://b")
+    by_id = {w.deployment_id: w for w in pool.build().workers[MODEL]}
+    assert by_id[held.pk].verified is False and by_id[fine.pk].verified is True
+
+
+def test_a_serving_verified_node_takes_shared_traffic(deploy):
+    mac = deploy("http://a")
+    Card.objects.filter(node_id=mac.node_id).update(
+        verification_status=Card.Verification.SERVING_VERIFIED)
+    assert next(w for w in pool.build().workers[MODEL] if w.deployment_id == mac.pk).verified
+
+
 def test_a_rented_card_answers_only_its_renters_keys_and_bills_no_tokens(
         v1, engine, deploy, carol, carol_key, mallory, fund, settled):
     from billing.keys import api_key_create
@@ -86,6 +102,16 @@ def test_a_rented_card_answers_only_its_renters_keys_and_bills_no_tokens(
 
 def test_unverified_worker_gets_no_shared_traffic(v1, engine, deploy, carol_key):
     deploy(engine(), verified=False)
+    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5})
+    assert (response.status_code, response.json()["error"]["code"]) == (503, "no_capacity")
+
+
+def test_a_held_out_node_serves_no_shared_request(v1, engine, deploy, carol_key):
+    """A node an operator holds for review, or whose GPU UUID another node holds, answers no
+    shared /v1 request even though its cards were verified before."""
+    held = deploy(engine())
+    Node.objects.filter(pk=held.node_id).update(uuid_conflict=True)
+    pool.POOL.invalidate()
     response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5})
     assert (response.status_code, response.json()["error"]["code"]) == (503, "no_capacity")
 
