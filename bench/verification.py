@@ -4,8 +4,10 @@ Starts the platform (uvicorn, in this process, on a throwaway PostgreSQL databas
 fleet (`python -m fleetsim up --planted`: honest machines and liars, each an engine server and
 the real node agent), lets the agents enrol, heartbeat and answer their probe jobs, runs the
 platform-side load test, evaluation and publication for every node, and prints which machines
-were flagged: recall on the liars and false flags on the honest ones. Goal: every liar flagged,
-no honest card flagged.
+were flagged and by which finding: recall on the liars (flagged on the finding that should catch
+each, `CAUGHT_BY`), false flags on the honest ones, and whether the machine whose GPU UUID a
+liar replays stays listed. Goal: every liar flagged on its finding, no honest machine flagged,
+the incumbent listed.
 
 Run by `make bench-verification` (PostgreSQL from DATABASE_URL). The engines run in real time
 (time scale 1): the load test measures tokens/s, and a faster clock would inflate them.
@@ -33,8 +35,15 @@ from django.db import connection  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from accounts.models import User  # noqa: E402
-from fleetsim.profiles import LIARS, PLANTED_FLEET, get_profile, machine_ids  # noqa: E402
+from fleetsim.profiles import (  # noqa: E402
+    CAUGHT_BY,
+    LIARS,
+    PLANTED_FLEET,
+    get_profile,
+    machine_ids,
+)
 from fleetsim.server import ServerThread  # noqa: E402
+from marketplace import selectors  # noqa: E402
 from marketplace import services as marketplace  # noqa: E402
 from marketplace.models import Card, Node  # noqa: E402
 from verification import services  # noqa: E402
@@ -82,7 +91,9 @@ def main() -> None:
                      and ProbeJob.objects.count() >= len(PLANTED_FLEET), 300,
                      "every machine's probes")
             probed = time.monotonic()
-            for run_id in services.runs_ready_for_load_test():
+            # Liars first (the fleet lists them last): a liar judged before its honest peers are
+            # verified must still be caught when they are (services.peers_rejudge).
+            for run_id in reversed(services.runs_ready_for_load_test()):
                 services.run_load_test(run_id=run_id)
                 services.run_evaluate(run_id=run_id)
                 services.run_publish(run_id=run_id)
@@ -102,37 +113,56 @@ def main() -> None:
 
 def report(started: float, probed: float, finished: float) -> None:
     ids = machine_ids(PLANTED_FLEET)
-    rows, liars_flagged, honest_flagged = [], 0, 0
+    listed = {card.node_id for card in selectors.cards_for_catalog({})}
+    rows, caught, honest_flagged = [], 0, 0
     for machine, key in zip(ids, PLANTED_FLEET, strict=True):
         node = Node.objects.get(name=machine)
         cards = list(Card.objects.filter(node=node))
-        flagged = any(c.verification_status == "flagged" for c in cards)
-        run = VerificationRun.objects.filter(node=node).first()
-        mismatches = sorted({f.metric for f in Finding.objects.filter(
-            run=run, severity="mismatch")}) if run else []
-        warnings_ = sorted({f.metric for f in Finding.objects.filter(
-            run=run, severity="warning")}) if run else []
+        statuses = {c.verification_status for c in cards}
+        verdict = ("FLAGGED" if "flagged" in statuses else
+                   "serving verified" if statuses == {"serving_verified"} else
+                   "verified" if statuses == {"verified"} else ",".join(sorted(statuses)))
+        run = VerificationRun.objects.filter(node=node, status="done").first()
+        findings = list(Finding.objects.filter(run=run)) if run else []
+        mismatches = sorted({f.metric for f in findings if f.severity == "mismatch"})
+        warnings_ = sorted({f.metric for f in findings if f.severity == "warning"})
+        serving = next((f for f in findings if f.metric == "serving"), None)
+        basis = serving.basis if serving else "-"
         liar = key in LIARS
-        liars_flagged += liar and flagged
-        honest_flagged += (not liar) and flagged
+        if liar:
+            right = CAUGHT_BY[key] in mismatches
+            caught += right
+            outcome = f"caught by {CAUGHT_BY[key]}" if right else (
+                f"MISSED (wanted {CAUGHT_BY[key]})")
+        else:
+            honest_flagged += "flagged" in statuses
+            outcome = "FALSE FLAG" if "flagged" in statuses else "ok"
         tps = cards[0].verified_tokens_per_s if cards else None
-        rows.append((machine, LIARS.get(key, "honest"), "FLAGGED" if flagged else "verified",
-                     ",".join(mismatches) or "-", ",".join(warnings_) or "-",
-                     f"{tps:,.0f}" if tps else "-"))
+        rows.append((machine, LIARS.get(key, "honest"), verdict, outcome,
+                     ",".join(mismatches) or "-", ",".join(warnings_) or "-", basis,
+                     "yes" if node.pk in listed else "no", f"{tps:,.0f}" if tps else "-"))
     widths = [max(len(str(r[i])) for r in rows + [HEADER]) for i in range(len(HEADER))]
     for row in [HEADER] + rows:
         print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)))
     liars = sum(1 for k in PLANTED_FLEET if k in LIARS)
     honest = len(PLANTED_FLEET) - liars
-    print(f"\nrecall on liars: {liars_flagged}/{liars}   false flags on honest machines: "
-          f"{honest_flagged}/{honest}")
+    incumbent = get_profile("liar-duplicate-uuid").faults.uuid_of
+    incumbent_node = Node.objects.get(name=incumbent)
+    incumbent_listed = (incumbent_node.pk in listed and not incumbent_node.held_out
+                        and set(incumbent_node.cards.values_list("verification_status",
+                                                                 flat=True)) == {"verified"})
+    print(f"\nrecall on liars (flagged on the right finding): {caught}/{liars}   "
+          f"false flags on honest machines: {honest_flagged}/{honest}   "
+          f"incumbent {incumbent} listed and verified: {'yes' if incumbent_listed else 'NO'}")
     print(f"time: {probed - started:.0f} s to enrol and probe {len(PLANTED_FLEET)} machines, "
           f"{finished - probed:.0f} s of load tests, evaluation and publication")
-    print("goal: every liar flagged, no honest machine flagged:",
-          "MET" if liars_flagged == liars and honest_flagged == 0 else "NOT MET")
+    met = caught == liars and honest_flagged == 0 and incumbent_listed
+    print("goal: every liar flagged on its finding, no honest machine flagged, the incumbent "
+          "listed:", "MET" if met else "NOT MET")
 
 
-HEADER = ("machine", "planted", "verdict", "mismatches", "warnings", "tok/s@32 per card")
+HEADER = ("machine", "planted", "verdict", "outcome", "mismatches", "warnings",
+          "serving basis", "listed", "tok/s@32 per card")
 
 if __name__ == "__main__":
     main()

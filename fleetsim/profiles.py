@@ -1,7 +1,7 @@
 """Measured machine profiles for simulated fleet workers.
 
-Standard library only: the node agent imports this module under `--simulate PROFILE`, and the
-agent must run with nothing but httpx and nvidia-ml-py installed.
+Standard library and the agent's own modules only: the node agent imports this module under
+`--simulate PROFILE`, and the agent must run with nothing but httpx and nvidia-ml-py installed.
 
 Every figure comes from /work/shared/FACTS.md (a GPU fleet operator's published measurements of
 a 27B model on vLLM, plus the GPU reference spec table); each profile's `sources` says which
@@ -18,6 +18,8 @@ import math
 import random
 import uuid
 from dataclasses import dataclass, replace
+
+from agent.probes import DEFAULT_PARAMS
 
 # The model every measured fleet machine served (FACTS.md: "27B model, vLLM"). Same id as the
 # agent protocol's example, so the platform's routing sees one model across engines.
@@ -136,6 +138,8 @@ class Faults:
     uuid_of: str | None = None  # reports the GPU UUIDs of this other machine id
     memory_clock_mhz: int | None = None  # memory clocked down: bandwidth starved
     power_limit_w: int | None = None  # power limit set below the card's default
+    # What NVML's shim says the default power limit is (a capped card calling its cap default)
+    nvml_power_default_w: int | None = None
     compute_factor: float = 1.0  # share of the honest matmul figure it still reaches
     pcie_link: tuple[int, int] | None = None  # (gen, width) of the slot it really sits in
     probe_factor: float = 1.0  # hardware probes read this much better than native (WSL2)
@@ -499,6 +503,45 @@ _HONEST_PROFILES: dict[str, Profile] = {
 }
 
 
+# Two models the published serving reference does not cover, served by honest machines whose
+# peers the verification benchmark's liars must be judged against. Their tok/s are ESTIMATES
+# from verification/predict.py, the model calibrated on the fleet's 27B: between its floor (no
+# speculative decoding) and its fitted prediction, since neither model decodes several tokens
+# a pass the way the fleet's 27B seems to (predict.py's docstring).
+MODEL_LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+MODEL_MISTRAL_24B = "mistralai/Mistral-Small-24B-Instruct-2501"
+# Llama-3.1-8B at BF16 (16 GB) on an RTX PRO 6000: predict.py says floor 74 and 341 at 32,
+# fitted 142 and 1,828; bandwidth alone (1,613 GB/s / 16 GB) allows ~100 at one stream.
+_PRO6000_LLAMA8B_TP = ((1, 95.0), (32, 1_700.0))
+# Mistral-Small-24B at FP8 on two RTX 4090s, tensor parallel: floor 54 and 250, fitted 102
+# and 448 at 32.
+_4090X2_MISTRAL24B_TP = ((1, 85.0), (32, 430.0))
+
+_HONEST_PROFILES |= {p.key: p for p in (
+    replace(
+        _HONEST_PROFILES["rtx-pro-6000"], key="rtx-pro-6000-llama8b",
+        title="1x RTX PRO 6000 Blackwell 96 GB, Llama-3.1-8B (vLLM)", model=MODEL_LLAMA_8B,
+        quantization="bf16", context_length=131_072, throughput=_PRO6000_LLAMA8B_TP,
+        # a third of the 27B's FLOPs per token
+        prefill_tps=round(_prefill_for(_PRO6000_LLAMA8B_TP) * 3, 1),
+        # 128 KiB of KV per token (FACTS.md) beside 16 GB of weights in 90% of 96 GB
+        kv_cache_tokens=int((96 * 0.9 - 16) * 2**30 / 131_072),
+        sources=("ESTIMATE (no published figure for this model): verification/predict.py's "
+                 "model of the card, between its floor and its fitted prediction; hardware as "
+                 "rtx-pro-6000. " + _PREFILL_NOTE)),
+    replace(
+        _HONEST_PROFILES["2x-rtx-4090"], key="2x-rtx-4090-mistral24b",
+        title="2x RTX 4090 24 GB, Mistral-Small-24B, tensor parallel (vLLM)",
+        model=MODEL_MISTRAL_24B, quantization="fp8", context_length=32_768,
+        throughput=_4090X2_MISTRAL24B_TP, prefill_tps=_prefill_for(_4090X2_MISTRAL24B_TP),
+        # 40 layers x 8 KV heads x 128 x 2 x 2 bytes = 160 KiB a token beside 24 GB of weights
+        kv_cache_tokens=int((2 * 24 * 0.9 - 24) * 2**30 / 163_840),
+        sources=("ESTIMATE (no published figure for this model): verification/predict.py's "
+                 "model of the pair, between its floor and its fitted prediction; hardware as "
+                 "2x-rtx-4090. " + _PREFILL_NOTE)),
+)}
+
+
 def plant(base: Profile, *, key: str, faults: Faults, sources: str, title: str | None = None,
           card: str | None = None, throughput: tuple[tuple[int, float], ...] | None = None,
           claimed_gpu_model: str | None = None, claimed_vram_gb: int | None = None,
@@ -635,6 +678,36 @@ _PLANTED_PROFILES: dict[str, Profile] = {
             ),
         ),
         plant(
+            _H["rtx-pro-6000-llama8b"], key="liar-slow-llama8b",
+            title="1x RTX PRO 6000 serving Llama-3.1-8B at a third of its peers (vLLM)",
+            faults=Faults(engine_factor=0.32, prefill_factor=0.32),
+            sources=(
+                "PLANTED: an RTX PRO 6000 with honest hardware probes whose engine serves a "
+                "model the published reference does not cover at 32% of rtx-pro-6000-llama8b."
+            ),
+        ),
+        plant(
+            _H["2x-rtx-4090-mistral24b"], key="liar-slow-mistral24b",
+            title="2x RTX 4090 serving Mistral-Small-24B like a WSL2 pair, bare-metal probes",
+            faults=Faults(engine_factor=0.53, prefill_factor=0.53),
+            sources=(
+                "PLANTED: two RTX 4090s with full bare-metal probe figures and a Linux kernel "
+                "whose engine serves 53% of its peer 2x-rtx-4090-mistral24b, as the WSL2 pair "
+                "does (FACTS.md: 48% slower), on a model the published reference lacks."
+            ),
+        ),
+        plant(
+            _H["h200"], key="liar-h200-300w",
+            title="1x H200 capped at 300 W that calls 300 W its default (vLLM)",
+            faults=Faults(power_limit_w=300, nvml_power_default_w=300, compute_factor=0.85,
+                          engine_factor=0.8, prefill_factor=0.6),
+            sources=(
+                "PLANTED: an H200 with its power limit at 300 W of 700 and an NVML shim that "
+                "reports 300 W as the default limit too; a short matmul still reaches 85% of an "
+                "honest one, decode (bandwidth-bound) loses 20% (ESTIMATE)."
+            ),
+        ),
+        plant(
             _H["rtx-pro-6000"], key="liar-slow-engine",
             title="1x RTX PRO 6000 with a misconfigured engine (vLLM)",
             faults=Faults(engine_factor=0.3, prefill_factor=0.3),
@@ -652,7 +725,7 @@ PROFILES: dict[str, Profile] = _HONEST_PROFILES | _PLANTED_PROFILES
 # The verification benchmark's fleet: one machine per key, so `python -m fleetsim up --planted`
 # names them <key>-1 and liar-duplicate-uuid copies the UUID of the real h200-1.
 HONEST: set[str] = {"h200", "rtx-pro-6000", "2x-rtx-5090", "2x-rtx-4090", "rtx-4090",
-                    "m4-max-llamacpp"}
+                    "m4-max-llamacpp", "rtx-pro-6000-llama8b", "2x-rtx-4090-mistral24b"}
 LIARS: dict[str, str] = {
     "liar-3090-as-4090": "an RTX 3090 whose NVML says RTX 4090 (CUDA: CC 8.6, 82 SMs)",
     "liar-48gb": "a 24 GB RTX 4090 whose NVML and listing say 48 GB",
@@ -662,10 +735,22 @@ LIARS: dict[str, str] = {
     "2x-rtx-4090-wsl2": "2x RTX 4090 under WSL2: probes as good as native, serves 52%",
     "liar-duplicate-uuid": "an H200 reporting the GPU UUID of machine h200-1",
     "liar-slow-engine": "an honest RTX PRO 6000 whose engine serves 30% of its throughput",
+    "liar-slow-llama8b": "an RTX PRO 6000 serving Llama-3.1-8B at 32% of its fleet peer",
+    "liar-slow-mistral24b": "2x RTX 4090, bare-metal probes, serving Mistral-24B at 53% of its "
+                            "peer",
+    "liar-h200-300w": "an H200 capped at 300 W whose NVML calls 300 W its default",
+}
+# The finding that must catch each liar: flagged on another check alone is not caught.
+CAUGHT_BY: dict[str, str] = {
+    "liar-3090-as-4090": "identity", "liar-48gb": "vram", "liar-bandwidth-starved": "bandwidth",
+    "liar-power-capped": "power", "liar-gen3-x1": "pcie", "2x-rtx-4090-wsl2": "serving",
+    "liar-duplicate-uuid": "uuid", "liar-slow-engine": "serving",
+    "liar-slow-llama8b": "serving", "liar-slow-mistral24b": "serving",
+    "liar-h200-300w": "power",
 }
 PLANTED_FLEET: list[str] = [
     "h200", "rtx-pro-6000", "2x-rtx-5090", "2x-rtx-4090", "rtx-4090", "m4-max-llamacpp",
-    *LIARS,
+    "rtx-pro-6000-llama8b", "2x-rtx-4090-mistral24b", *LIARS,
 ]
 
 
@@ -715,9 +800,9 @@ def simulated_facts(profile_key: str, machine_id: str) -> dict:
 
 # --- verification probes ----------------------------------------------------------------------
 
-# The job's params when the platform sends none (docs/agent-protocol.md, section 3).
-DEFAULT_PROBE_PARAMS = {"warmup_s": 1.0, "iterations": 20, "matmul_n": 8192,
-                        "copy_bytes": 268_435_456}
+# The job's params when the platform sends none (docs/agent-protocol.md, section 3): the
+# agent's own defaults, which need nothing beyond the standard library to import.
+DEFAULT_PROBE_PARAMS = DEFAULT_PARAMS
 # Run-to-run spread of a measurement: each figure is within +-2% of the card's, seeded by the
 # machine id so a machine measures the same every time.
 PROBE_JITTER = 0.02
@@ -794,7 +879,7 @@ def _probe_gpu(p: Profile, machine_id: str, index: int, params: dict) -> dict:
             "pcie_width_current": p.pcie_width_current,
             "pcie_width_max": p.pcie_width_max,
             "power_limit_w": p.power_limit_w,
-            "power_default_limit_w": card.power_w,
+            "power_default_limit_w": f.nvml_power_default_w or card.power_w,
             "virtualization_mode": 0,
             "ecc_mode": card.ecc_mode,
             "ecc_errors": 0 if card.ecc_mode is not None else None,

@@ -5,7 +5,7 @@ Honest figures are checked against the platform's own reference table
 cannot drift apart unnoticed.
 """
 
-import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +14,7 @@ import pytest
 from fleetsim.fleet import plan_machines
 from fleetsim.profiles import (
     CARDS,
+    CAUGHT_BY,
     DEFAULT_PROBE_PARAMS,
     HONEST,
     LIARS,
@@ -25,7 +26,7 @@ from fleetsim.profiles import (
     simulated_facts,
     simulated_probe_results,
 )
-from verification.spec_data import SPECS
+from verification.spec_data import SERVING_REFERENCE, SPECS
 
 SPEC_BY_NAME = {s["name"]: s for s in SPECS}
 SPEC_BY_NVML = {name: s for s in SPECS for name in s["nvml_names"]}
@@ -151,14 +152,16 @@ def test_deterministic_per_machine_id():
         assert a["matmul"]["best_tflops"] != b["matmul"]["best_tflops"]
 
 
-def test_probes_use_only_the_standard_library():
-    """The agent imports fleetsim.profiles and must run with httpx and pynvml alone."""
-    tree = ast.parse(Path(sys.modules["fleetsim.profiles"].__file__).read_text())
-    modules = {alias.name.split(".")[0] for node in ast.walk(tree)
-               if isinstance(node, ast.Import) for alias in node.names}
-    modules |= {node.module.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom)}
-    assert modules <= set(sys.stdlib_module_names) | {"__future__"}, modules
+def test_probes_use_only_the_standard_library_and_the_agent():
+    """The agent imports fleetsim.profiles and must run with httpx and pynvml alone; fleetsim
+    takes the probes' default parameters from the agent, whose modules import no more."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, fleetsim.profiles; print(' '.join(sys.modules))"],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2],
+    ).stdout.split()
+    allowed = set(sys.stdlib_module_names) | {"__future__", "agent", "fleetsim"}
+    outside = {name.split(".")[0] for name in loaded} - allowed
+    assert not {name for name in outside if not name.startswith("_")}, outside
 
 
 # --- honest machines measure like real ones ----------------------------------------------------
@@ -384,10 +387,16 @@ def test_planted_fleet_lists_honest_machines_and_every_kind_of_liar():
     assert set(PLANTED_FLEET) == HONEST | set(LIARS) and not HONEST & set(LIARS)
     assert set(PLANTED_FLEET) <= set(PROFILES)
     assert {"h200", "rtx-pro-6000", "2x-rtx-5090", "2x-rtx-4090", "rtx-4090",
-            "m4-max-llamacpp"} == HONEST
+            "m4-max-llamacpp", "rtx-pro-6000-llama8b", "2x-rtx-4090-mistral24b"} == HONEST
     assert {"liar-3090-as-4090", "liar-48gb", "liar-bandwidth-starved", "liar-power-capped",
             "liar-gen3-x1", "2x-rtx-4090-wsl2", "liar-duplicate-uuid",
-            "liar-slow-engine"} == set(LIARS)
+            "liar-slow-engine", "liar-slow-llama8b", "liar-slow-mistral24b",
+            "liar-h200-300w"} == set(LIARS) == set(CAUGHT_BY)
+    # Liars on models the published reference does not cover, with honest peers on them.
+    reference_models = {ref["model"] for ref in SERVING_REFERENCE}
+    for liar, peer in (("liar-slow-llama8b", "rtx-pro-6000-llama8b"),
+                       ("liar-slow-mistral24b", "2x-rtx-4090-mistral24b")):
+        assert get_profile(liar).model == get_profile(peer).model not in reference_models
     assert len({get_profile(k).engine for k in HONEST}) == 2  # vLLM and llama.cpp
     for key in HONEST:
         assert not get_profile(key).faults.planted, key

@@ -8,7 +8,9 @@ from fleetsim.profiles import PROFILES, get_profile, gpu_uuid, simulated_facts
 EXPECTED_KEYS = {"rtx-pro-6000", "2x-rtx-4090", "2x-rtx-5090", "h200", "2x-rtx-4090-wsl2",
                  "m4-max-llamacpp", "rtx-4090", "liar-3090-as-4090", "liar-48gb",
                  "liar-bandwidth-starved", "liar-power-capped", "liar-gen3-x1",
-                 "liar-duplicate-uuid", "liar-slow-engine"}
+                 "liar-duplicate-uuid", "liar-slow-engine", "rtx-pro-6000-llama8b",
+                 "2x-rtx-4090-mistral24b", "liar-slow-llama8b", "liar-slow-mistral24b",
+                 "liar-h200-300w"}
 
 
 def test_the_shipped_profiles():
