@@ -394,9 +394,13 @@ def expectation(ev: Evidence, level: int) -> tuple[Expectation | None, tuple[str
             value = median
             if n < PEERS["robust"] and (table or predicted):
                 value = min(median, max(table or 0, predicted.expected if predicted else 0))
-            label = f" {ev.peer_label}" if ev.peer_label else ""
-            return Expectation(value, "peers", f"{median:,.0f} tok/s by {n}{label} "
-                               f"peer{'s' if n > 1 else ''} on this model", tuple(notes)), ()
+            peers = f"peer{'s' if n > 1 else ''}"
+            if ev.peer_label[:1].isdigit():  # "2x RTX 4090": a machine of several cards
+                who = f"{n} {peers} with {ev.peer_label}"
+            else:
+                who = f"{n} {ev.peer_label} {peers}" if ev.peer_label else f"{n} {peers}"
+            return Expectation(value, "peers", f"{median:,.0f} tok/s by {who} on this model",
+                               tuple(notes)), ()
     if table:
         label = f" for {ev.reference_label}" if ev.reference_label else ""
         return Expectation(table, "reference", f"{table:,.0f} tok/s published{label} on this "

@@ -95,3 +95,21 @@ def test_a_card_missing_from_the_spec_table_says_no_reference_spec(client, bob, 
     assert card.verified_tokens_per_s > 0  # measured, never zero for want of a name
     assert "no reference spec" in client.get(f"/cards/{card.pk}/").content.decode()
     assert "no reference spec" in client.get("/").content.decode()
+
+
+def test_checks_that_were_not_made_are_grey_and_the_card_only_serving_verified(
+        client, bob, h200_engine):
+    probe = {"device": "none", "gpus": [], "errors": [],
+             "message": "no GPU: torch sees no CUDA device"}
+    card = verified_card(bob, h200_engine, probe)
+    assert card.verification_status == "serving_verified"
+    html = client.get(f"/cards/{card.pk}/").content.decode()
+    for metric in ("identity", "bandwidth", "compute", "vram"):
+        assert f'<tr class="finding not_measured" data-metric="{metric}"' in html, metric
+    assert "no GPU: torch sees no CUDA device" in html and "? TFLOPS" not in html
+    assert 'id="serving-only"' in html and "serving verified" in html
+    assert 'data-metric="serving" data-basis="reference"' in html
+    assert 'class="chart hw"' not in html  # nothing measured: no bars against the spec
+    catalog = client.get("/").content.decode()
+    assert 'class="badge serving_verified"' in catalog
+    assert client.get("/", {"verified": "1"}).context["page"].paginator.count == 0

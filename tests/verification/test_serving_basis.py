@@ -59,6 +59,11 @@ def test_the_finding_names_its_peers():
     assert found.details["peers"] == 3 and found.details["basis"] == "peers"
 
 
+def test_peers_of_several_cards_are_named_as_machines():
+    found = serving(served_tps={32: 224}, peer_tps={32: (434.0,)}, peer_label="2x RTX 4090")
+    assert "434 tok/s by 1 peer with 2x RTX 4090 on this model" in found.message
+
+
 def test_peers_are_preferred_to_the_table_and_the_prediction():
     """The WSL2 pair: its own peers serve 422 at 32; the reference says 435, the floor far
     less. The peers are the closest evidence."""
