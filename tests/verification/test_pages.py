@@ -109,6 +109,7 @@ def test_checks_that_were_not_made_are_grey_and_the_card_only_serving_verified(
     assert "no GPU: torch sees no CUDA device" in html and "? TFLOPS" not in html
     assert 'id="serving-only"' in html and "serving verified" in html
     assert 'data-metric="serving" data-basis="reference"' in html
+    assert 'id="serving-bases"' in html  # what serving is judged against, for renters
     assert 'class="chart hw"' not in html  # nothing measured: no bars against the spec
     catalog = client.get("/").content.decode()
     assert 'class="badge serving_verified"' in catalog
