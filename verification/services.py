@@ -418,9 +418,10 @@ def _predicted(cards, by_index, spec, model, engine, quantization,
         else:
             bandwidth = (f"its measured {hw.bandwidth_gbs:,.0f} GB/s" if hw.bandwidth_measured
                          else f"its spec's {hw.bandwidth_gbs:,.0f} GB/s (not measured)")
+            if hw.cards > 1:
+                bandwidth = f"{hw.cards} cards in tensor parallel at {bandwidth} each"
             weights = quant if quantization else f"{quant}, the heaviest weights that fit"
-            cards_text = f"{hw.cards} cards in tensor parallel, " if hw.cards > 1 else ""
-            return found, (f"from {cards_text}{bandwidth} a card and {size} ({weights})")
+            return found, f"from {bandwidth} and {size} ({weights})"
     return {}, ""
 
 
