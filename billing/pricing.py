@@ -20,8 +20,9 @@ def token_cost_micros(*, input_per_mtok: int, output_per_mtok: int, prompt_token
 
 
 def fee_split(amount_micros: int, fee_bps: int) -> tuple[int, int]:
-    """(provider's share, platform fee); the fee is rounded down, so shares sum to the amount."""
-    fee = amount_micros * fee_bps // BPS
+    """(provider's share, platform fee), summing to the amount. The fee is rounded up, in the
+    platform's favour: rounded down, a request of a few micro-dollars would pay no fee at all."""
+    fee = min(amount_micros, _ceil_div(amount_micros * fee_bps, BPS))
     return amount_micros - fee, fee
 
 

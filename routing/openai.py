@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # settings.DATA_UPLOAD_MAX_MEMORY_SIZE matches it
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# Sampling parameters and the ranges OpenAI accepts: outside them it answers 400, and so do we
+# (an engine may take a temperature of 50 and stream noise that the client pays for).
+SAMPLING_RANGES = {"temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2),
+                   "frequency_penalty": (-2, 2)}
 
 
 class ApiError(Exception):
@@ -57,6 +61,8 @@ def parse(raw: bytes, endpoint: str) -> InferenceRequest:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise invalid("The body must be a JSON object: we could not parse it as JSON.") from None
+    except RecursionError:  # the decoder gives up at the interpreter's depth, not at the end
+        raise invalid("The body is nested too deeply to be a request.") from None
     if not isinstance(body, dict):
         raise invalid("The body must be a JSON object.")
     model = body.get("model")
@@ -83,6 +89,7 @@ def parse(raw: bytes, endpoint: str) -> InferenceRequest:
         if not isinstance(include_usage, bool):
             raise invalid("'stream_options.include_usage' must be a boolean.",
                           "stream_options.include_usage")
+    _sampling(body)
     n = body.get("n", 1)
     if n is not None and (not _is_int(n) or n != 1):
         raise invalid("Only n=1 is supported.", "n")
@@ -104,6 +111,22 @@ def prompt_tokens_estimate(text_bytes: int, parts: int) -> int:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _sampling(body: dict) -> None:
+    for name, (low, high) in SAMPLING_RANGES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            raise invalid(f"Invalid type for '{name}': expected a number, but got "
+                          f"{type(value).__name__} instead.", name, "invalid_type")
+        if value > high:
+            raise invalid(f"Invalid '{name}': decimal above maximum value. Expected a value <= "
+                          f"{high}, but got {value} instead.", name, "decimal_above_max_value")
+        if value < low:
+            raise invalid(f"Invalid '{name}': decimal below minimum value. Expected a value >= "
+                          f"{low}, but got {value} instead.", name, "decimal_below_min_value")
 
 
 def _messages(messages) -> tuple[int, int]:

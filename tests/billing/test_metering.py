@@ -25,8 +25,9 @@ IN_PER_MTOK, OUT_PER_MTOK = 150_000, 600_000  # $0.15 and $0.60 per million toke
 PROMPT, MAX_TOKENS = 1_234, 2_000
 # ceil((1,234 x 150,000 + 2,000 x 600,000) / 10^6) = ceil(1,385.1)
 HOLD = 1_386
-# ceil((1,234 x 150,000 + 567 x 600,000) / 10^6) = ceil(525.3); fee 15% of 526 rounded down
-COMPLETION, COST, FEE = 567, 526, 78
+# ceil((1,234 x 150,000 + 567 x 600,000) / 10^6) = ceil(525.3); fee 15% of 526 (78.9) rounded
+# up, in the platform's favour
+COMPLETION, COST, FEE = 567, 526, 79
 
 
 @pytest.fixture(autouse=True)
@@ -114,15 +115,15 @@ def test_settle_bills_actual_tokens_and_splits_provider_and_fee(carol, bob, pric
     assert (charge.cost_micros, charge.estimated, charge.capped) == (COST, False, False)
     assert bal(Account.Kind.WALLET, carol) == 10_000 - COST
     assert bal(Account.Kind.HOLDS, carol) == 0
-    assert bal(Account.Kind.EARNINGS, bob) == COST - FEE == 448
+    assert bal(Account.Kind.EARNINGS, bob) == COST - FEE == 447
     assert bal(Account.Kind.PLATFORM_REVENUE) == FEE
     row = Charge.objects.get(request_id="r1")
     assert (row.provider_id, row.worker, row.provider_micros, row.fee_micros) == (
-        bob.pk, "card:7", 448, FEE)
+        bob.pk, "card:7", 447, FEE)
     assert Hold.objects.get(request_id="r1").status == "settled"
     legs = dict(Entry.objects.filter(transfer_id=row.transfer_id)
                 .values_list("account__kind", "amount_micros"))
-    assert legs == {"holds": -HOLD, "wallet": HOLD - COST, "earnings": 448,
+    assert legs == {"holds": -HOLD, "wallet": HOLD - COST, "earnings": 447,
                     "platform_revenue": FEE}
 
 
@@ -297,7 +298,7 @@ def test_usage_beyond_the_hold_is_capped_at_the_hold(carol, bob, price, worker):
                              worker=worker, now=T0)
     assert (charge.cost_micros, charge.capped) == (HOLD, True)
     assert bal(Account.Kind.WALLET, carol) == 10_000 - HOLD
-    fee = HOLD * 1500 // 10_000
+    fee = -(-HOLD * 1500 // 10_000)
     assert bal(Account.Kind.EARNINGS, bob) == HOLD - fee
     assert bal(Account.Kind.PLATFORM_REVENUE) == fee
 

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from marketplace import services
 from marketplace.models import Card, EnrolmentToken, Node, NodeStatusChange, NodeUptimeHour
@@ -232,3 +233,23 @@ def test_node_marked_offline_after_three_missed_heartbeats(api, bob):
     beat(api, enrolled["credential"], report())
     node.refresh_from_db()
     assert node.status == "online" and node.status_changes.count() == 3
+
+
+DEEP = b"[" * 50_000 + b"]" * 50_000
+
+
+@pytest.mark.parametrize("path", ["/api/agent/enroll/", "/api/agent/heartbeat/"])
+def test_a_body_nested_too_deeply_is_a_400_not_a_500(client, bob, path):
+    """Python's json gives up with RecursionError: answered like any other malformed body."""
+    enrolled = enroll(APIClient(), bob)
+    response = client.post(path, data=b'{"token": ' + DEEP + b"}",
+                           content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {enrolled['credential']}")
+    assert response.status_code == 400 and "nested too deeply" in response.json()["detail"]
+
+
+def test_the_rest_api_refuses_deep_nesting_for_a_logged_in_user_too(client, alice):
+    client.force_login(alice)
+    response = client.post("/api/rentals/", data=b'{"card_id": ' + DEEP + b"}",
+                           content_type="application/json")
+    assert response.status_code == 400

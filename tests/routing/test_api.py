@@ -122,16 +122,36 @@ def test_bad_requests_are_400_and_cost_nothing(v1, engine, deploy, carol_key, se
         ({"model": MODEL, "messages": CHAT, "stream": "yes"}, "stream"),
         ({"model": MODEL, "messages": CHAT, "stream_options": {"include_usage": True}},
          "stream_options"),
+        # OpenAI's ranges: an engine would take a temperature of 3 and stream noise, billed
+        ({"model": MODEL, "messages": CHAT, "temperature": 2.5}, "temperature",
+         "decimal_above_max_value"),
+        ({"model": MODEL, "messages": CHAT, "temperature": -0.1}, "temperature",
+         "decimal_below_min_value"),
+        ({"model": MODEL, "messages": CHAT, "temperature": "hot"}, "temperature", "invalid_type"),
+        ({"model": MODEL, "messages": CHAT, "top_p": 1.5}, "top_p", "decimal_above_max_value"),
+        ({"model": MODEL, "messages": CHAT, "presence_penalty": -3}, "presence_penalty",
+         "decimal_below_min_value"),
+        ({"model": MODEL, "messages": CHAT, "frequency_penalty": 2.01}, "frequency_penalty",
+         "decimal_above_max_value"),
     ]
-    for body, param in cases:
-        _error(post(v1, carol_key, body), 400, None, param)
+    for body, param, *code in cases:
+        _error(post(v1, carol_key, body), 400, code[0] if code else None, param)
     not_json = httpx.post(v1 + "/chat/completions", content=b"{nope",
                           headers={"Authorization": f"Bearer {carol_key}"})
     _error(not_json, 400, None)
+    deep = b'{"model": "%s", "messages": ' % MODEL.encode() + b"[" * 50_000 + b"]" * 50_000 \
+        + b"}"
+    _error(httpx.post(v1 + "/chat/completions", content=deep,
+                      headers={"Authorization": f"Bearer {carol_key}"}), 400, None)
     _error(post(v1, carol_key, {"model": MODEL, "prompt": ["a", "b"]}, "/completions"), 400,
            None, "prompt")
     settled()
     assert not Hold.objects.exists() and not Charge.objects.exists()
+    # The ends of every range are fine.
+    fine = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5,
+                                "temperature": 2, "top_p": 0, "presence_penalty": -2})
+    assert fine.status_code == 200, fine.text
+    settled()
 
 
 def test_keys_are_checked_first(v1, engine, deploy, carol, carol_key):
