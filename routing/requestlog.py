@@ -7,6 +7,8 @@ import asyncio
 import logging
 from datetime import timedelta
 
+from django.db import transaction
+from django.db.utils import DataError, IntegrityError
 from django.utils import timezone
 
 from routing.models import RequestLog
@@ -34,9 +36,9 @@ def add(outcome, latency_s: float) -> None:
         request_id=outcome.request_id,
         created_at=timezone.now() - timedelta(seconds=latency_s),
         user_id=outcome.user_id, api_key_id=outcome.key_id, endpoint=outcome.endpoint,
-        model=outcome.model[:200],
+        model=_text(outcome.model, 200),
         deployment_id=outcome.worker.deployment_id if outcome.worker else None,
-        stream=outcome.stream, status=outcome.status, error_code=outcome.error_code[:64],
+        stream=outcome.stream, status=outcome.status, error_code=_text(outcome.error_code, 64),
         attempts=outcome.attempts, prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens, estimated=outcome.estimated,
         ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 3),
@@ -50,8 +52,27 @@ def add(outcome, latency_s: float) -> None:
         wake[0].set()
 
 
+def _text(value: str, limit: int) -> str:
+    """What PostgreSQL can hold of a client's string: no NUL, within the column."""
+    return value.replace("\x00", "\ufffd")[:limit]
+
+
 def write(rows: list[dict]) -> None:
-    RequestLog.objects.bulk_create([RequestLog(**row) for row in rows], batch_size=BATCH)
+    """One INSERT for the batch; if the database refuses a row of it, each row on its own, so a
+    bad row never costs the others theirs. A database that is away fails the whole batch."""
+    try:
+        with transaction.atomic():
+            RequestLog.objects.bulk_create([RequestLog(**row) for row in rows],
+                                           batch_size=BATCH)
+        return
+    except (DataError, IntegrityError):
+        pass
+    for row in rows:
+        try:
+            with transaction.atomic():
+                RequestLog.objects.create(**row)
+        except (DataError, IntegrityError) as exc:
+            log.error("request log: row %s not written: %s", row.get("request_id"), exc)
 
 
 async def flush() -> int:

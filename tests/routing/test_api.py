@@ -200,6 +200,31 @@ def test_no_credit_is_402_and_the_started_attempt_is_abandoned(v1, engine, deplo
     assert not Charge.objects.exists() and not Hold.objects.exists()
 
 
+def test_a_nul_in_a_model_name_costs_no_log_row_its_own_or_anothers(v1, engine, deploy,
+                                                                      carol_key, settled):
+    deploy(engine())
+    bad = post(v1, carol_key, {"model": "qwen\u0000evil", "messages": CHAT})
+    assert bad.status_code == 404
+    assert post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5}
+                ).status_code == 200
+    settled()
+    assert sorted(RequestLog.objects.values_list("model", flat=True)) == [
+        MODEL, "qwen\ufffdevil"]
+
+
+def test_a_row_the_database_refuses_costs_the_others_nothing():
+    from django.utils import timezone
+
+    from routing import requestlog
+
+    row = dict(created_at=timezone.now(), endpoint="chat", model=MODEL, status=200, attempts=1,
+               latency_ms=12.5)
+    requestlog.write([dict(row, request_id="good-1"), dict(row, request_id="bad", error_code="x"
+                      * 500), dict(row, request_id="good-2")])
+    assert sorted(RequestLog.objects.values_list("request_id", flat=True)) == ["good-1",
+                                                                               "good-2"]
+
+
 def test_other_paths_still_go_through_django(v1):
     base = v1.removesuffix("/v1")
     assert httpx.get(base + "/healthz").json() == {"status": "ok"}
