@@ -1,4 +1,5 @@
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from accounts.models import PersonalToken
@@ -27,3 +28,12 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return self.keyword
+
+
+class PersonalTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "accounts.authentication.PersonalTokenAuthentication"
+    name = "personalToken"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "rst_...",
+                "description": "A personal API token from Account > API tokens."}

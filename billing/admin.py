@@ -22,6 +22,7 @@ from billing.models import (
     ApiKey,
     Charge,
     Entry,
+    GatewayEvent,
     Hold,
     KeySpend,
     ModelPrice,
@@ -266,10 +267,22 @@ class ChargeAdmin(ReadOnlyAdmin):
 @admin.register(Payment)
 class PaymentAdmin(ReadOnlyAdmin):
     list_display = ("id", "user", _usd_column("amount_micros", "amount"), "status",
-                    "card_last4", "receipt_number", "gateway_ref", "created_at")
+                    _usd_column("refunded_micros", "refunded"),
+                    _usd_column("disputed_micros", "disputed"), "card_last4", "receipt_number",
+                    "gateway_ref", "created_at")
     list_filter = ("status", "gateway")
-    search_fields = ("user__email", "gateway_ref", "receipt_number")
+    search_fields = ("user__email", "gateway_ref", "processor_ref", "receipt_number")
     list_select_related = ("user",)
+
+
+@admin.register(GatewayEvent)
+class GatewayEventAdmin(ReadOnlyAdmin):
+    """Every processor event handled once: what arrived, when, for which payment."""
+
+    list_display = ("event_id", "gateway", "type", "payment", "received_at")
+    list_filter = ("gateway", "type")
+    search_fields = ("event_id", "payment__gateway_ref", "payment__processor_ref")
+    list_select_related = ("payment",)
 
 
 @admin.register(Payout)

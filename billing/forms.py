@@ -30,8 +30,10 @@ class TopUpForm(forms.Form):
                                                                 "inputmode": "numeric"}))
     idempotency_key = _idempotency_key_field()
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, collects_card: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
+        if not collects_card:  # the processor's own page takes the card
+            del self.fields["card_number"]
         if not self.is_bound:
             self.initial.setdefault("idempotency_key", fresh_key())
 

@@ -20,13 +20,17 @@ class Account(models.Model):
         PAYMENT_CLEARING = "payment_clearing", "payment clearing"  # money in from the processor
         GRANTS = "grants", "operator grants"  # credit given by operators
         PAYOUTS = "payouts", "payouts"  # money sent out to providers
+        # Credit taken back by a refund or a dispute beyond what the payer's wallet still held:
+        # what the platform lost (negative).
+        CHARGEBACKS = "chargebacks", "chargebacks"
 
     USER_KINDS = (Kind.WALLET, Kind.HOLDS, Kind.EARNINGS)
     # Accounts debited on the request path keep a running balance, checked by the debit's
     # conditional UPDATE; the others' balance is the sum of their entries (billing/ledger.py).
     KEEPS_BALANCE = (Kind.WALLET, Kind.HOLDS)
-    # Where money enters from outside the ledger: these may go negative.
-    SOURCE_KINDS = (Kind.PAYMENT_CLEARING, Kind.GRANTS)
+    # Where money crosses the ledger's edge (in from a processor or an operator, back out by a
+    # refund or a dispute): these may go negative.
+    SOURCE_KINDS = (Kind.PAYMENT_CLEARING, Kind.GRANTS, Kind.CHARGEBACKS)
 
     kind = models.CharField(max_length=32, choices=Kind.choices)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
@@ -58,6 +62,7 @@ class Transfer(models.Model):
         RELEASE = "release"
         RENTAL = "rental"
         PAYOUT = "payout"
+        REVERSAL = "reversal"  # a refund or a dispute takes a purchase back
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     idempotency_key = models.CharField(max_length=200, unique=True)
@@ -259,6 +264,12 @@ class Payment(models.Model):
                                     related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     succeeded_at = models.DateTimeField(null=True, blank=True)
+    # The processor's own id of the money (Stripe's PaymentIntent), which refunds and disputes
+    # name, and the page where the payer finishes paying (Stripe Checkout).
+    processor_ref = models.CharField(max_length=100, blank=True, db_index=True)
+    checkout_url = models.CharField(max_length=1000, blank=True)
+    refunded_micros = models.BigIntegerField(default=0)  # refunded so far
+    disputed_micros = models.BigIntegerField(default=0)  # taken back by open disputes
 
     class Meta:
         ordering = ["-created_at"]
@@ -267,6 +278,26 @@ class Payment(models.Model):
 
     def __str__(self):
         return f"payment {self.gateway_ref} ({self.status})"
+
+
+class GatewayEvent(models.Model):
+    """Every processor event handled, so that a replayed delivery is answered and ignored:
+    the unique (gateway, event id) is the idempotency."""
+
+    gateway = models.CharField(max_length=32)
+    event_id = models.CharField(max_length=100)
+    type = models.CharField(max_length=32)
+    payment = models.ForeignKey(Payment, null=True, blank=True, on_delete=models.PROTECT,
+                                related_name="events")
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-received_at"]
+        constraints = [models.UniqueConstraint(fields=["gateway", "event_id"],
+                                               name="gateway_event_once")]
+
+    def __str__(self):
+        return f"{self.gateway} {self.event_id} ({self.type})"
 
 
 class Payout(models.Model):

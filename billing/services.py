@@ -6,11 +6,13 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
+from billing import gateway as gw
 from billing import ledger, pricing
-from billing.gateway import get_gateway
-from billing.models import Account, Payment, Payout, Transfer
+from billing.gateway import GatewayError, get_gateway
+from billing.models import Account, GatewayEvent, Payment, Payout, Transfer
 
 
 class BillingError(Exception):
@@ -23,9 +25,11 @@ MIN_TOPUP_MICROS = 1_000_000
 MAX_TOPUP_MICROS = 10_000_000_000
 
 
-def payment_create(*, user, amount_micros: int, card_number: str, idempotency_key: str
-                   ) -> Payment:
-    """Charge a card for credit. Replaying the idempotency key returns the first payment."""
+def payment_create(*, user, amount_micros: int, idempotency_key: str, card_number: str = "",
+                   return_url: str = "") -> Payment:
+    """Start a credit purchase. Replaying the idempotency key returns the first payment. A
+    payment that needs the payer on the processor's page (Stripe Checkout, a confirmation
+    step) is left awaiting it, with `checkout_url`; the processor's event finishes it."""
     if not MIN_TOPUP_MICROS <= amount_micros <= MAX_TOPUP_MICROS:
         raise BillingError("Top up between $1 and $10,000.")
     existing = Payment.objects.filter(idempotency_key=idempotency_key).first()
@@ -34,49 +38,150 @@ def payment_create(*, user, amount_micros: int, card_number: str, idempotency_ke
             raise BillingError("This payment key belongs to someone else.")
         return existing
     gateway = get_gateway()
-    result = gateway.charge(amount_micros=amount_micros, card_number=card_number,
-                            idempotency_key=idempotency_key)
+    try:
+        result = gateway.start(amount_micros=amount_micros, idempotency_key=idempotency_key,
+                               card_number=card_number, email=user.email, return_url=return_url)
+    except GatewayError as exc:
+        raise BillingError(str(exc)) from None
     payment, _ = Payment.objects.get_or_create(
         idempotency_key=idempotency_key,
         defaults={"user": user, "amount_micros": amount_micros, "gateway": gateway.name,
                   "gateway_ref": result.gateway_ref, "card_last4": result.card_last4,
+                  "checkout_url": result.redirect_url,
                   "status": (Payment.Status.DECLINED if result.status == "declined"
                              else Payment.Status.REQUIRES_CONFIRMATION),
                   "decline_reason": result.decline_reason})
     if payment.user_id != user.pk:  # lost a race for the key to another user's request
         raise BillingError("This payment key belongs to someone else.")
     if result.status == "succeeded":
-        payment = payment_succeeded(gateway_ref=result.gateway_ref)
+        payment = payment_succeeded(gateway_ref=result.gateway_ref,
+                                    processor_ref=result.gateway_ref)
     return payment
 
 
 @transaction.atomic
-def payment_succeeded(*, gateway_ref: str, now: datetime | None = None) -> Payment:
-    """The processor says the money is ours: credit the wallet, exactly once per payment."""
+def payment_succeeded(*, gateway_ref: str, processor_ref: str = "", amount_micros: int = 0,
+                      now: datetime | None = None) -> Payment:
+    """The processor says the money is ours: credit the wallet, exactly once per payment. An
+    amount that is not the payment's (a session tampered with) credits nothing."""
     now = now or timezone.now()
     payment = Payment.objects.select_for_update().get(gateway_ref=gateway_ref)
     if payment.status == Payment.Status.SUCCEEDED:
         return payment
     if payment.status == Payment.Status.DECLINED:
         raise BillingError("A declined payment cannot succeed.")
+    if amount_micros and amount_micros != payment.amount_micros:
+        raise BillingError(f"The processor reports {amount_micros} micro-dollars paid for a "
+                           f"payment of {payment.amount_micros}.")
     posted = ledger.post(
         kind=Transfer.Kind.PURCHASE, idempotency_key=f"payment:{payment.pk}",
         legs=[(ledger.account_id(Account.Kind.PAYMENT_CLEARING), -payment.amount_micros),
               (ledger.account_id(Account.Kind.WALLET, payment.user_id), payment.amount_micros)],
-        reference=f"payment:{payment.pk}", memo=f"card ending {payment.card_last4}", now=now)
+        reference=f"payment:{payment.pk}",
+        memo=f"card ending {payment.card_last4}" if payment.card_last4 else payment.gateway,
+        now=now)
     payment.status, payment.succeeded_at = Payment.Status.SUCCEEDED, now
     payment.transfer_id = posted.transfer_id
+    payment.processor_ref = processor_ref or payment.processor_ref
     payment.receipt_number = f"RS-{now:%Y%m%d}-{payment.pk:06d}-{secrets.token_hex(2).upper()}"
-    payment.save(update_fields=["status", "succeeded_at", "transfer", "receipt_number"])
+    payment.save(update_fields=["status", "succeeded_at", "transfer", "receipt_number",
+                                "processor_ref"])
     return payment
 
 
-def webhook_handle(*, body: bytes, signature: str) -> Payment | None:
-    """A gateway event, as delivered to /billing/webhooks/payments/. Replays change nothing."""
-    event = get_gateway().verify_event(body=body, signature=signature)
-    if event.get("type") != "payment.succeeded":
-        return None
-    return payment_succeeded(gateway_ref=event["gateway_ref"])
+def webhook_handle(*, body: bytes, headers) -> Payment | None:
+    """A processor's event, as delivered to /billing/webhooks/payments/: verified by the
+    gateway, handled once per event id (a replay changes nothing), in one transaction with
+    the money it moves."""
+    gateway = get_gateway()
+    event = gateway.parse_event(body=body, headers=headers)
+    with transaction.atomic():
+        if event.type == gw.IGNORED:
+            return None
+        payment = _payment_of(event)
+        _, first = GatewayEvent.objects.get_or_create(
+            gateway=gateway.name, event_id=event.id,
+            defaults={"type": event.type, "payment": payment})
+        if not first:
+            return payment
+        if event.type == gw.PAID:
+            return payment_succeeded(gateway_ref=payment.gateway_ref,
+                                     processor_ref=event.processor_ref,
+                                     amount_micros=event.amount_micros)
+        if event.type == gw.FAILED:
+            Payment.objects.filter(pk=payment.pk, status=Payment.Status.REQUIRES_CONFIRMATION
+                                   ).update(status=Payment.Status.DECLINED,
+                                            decline_reason="The payment did not complete.")
+        elif event.type == gw.REFUNDED:
+            _refund(payment, refunded_in_all=event.amount_micros)
+        elif event.type == gw.DISPUTED:
+            _dispute(payment, case=event.case_ref, amount_micros=event.amount_micros)
+        elif event.type == gw.DISPUTE_WON:
+            _dispute_won(payment, case=event.case_ref)
+    payment.refresh_from_db()
+    return payment
+
+
+def _payment_of(event: gw.Event) -> Payment:
+    rows = Payment.objects.select_for_update()
+    payment = (rows.filter(gateway_ref=event.gateway_ref).first() if event.gateway_ref else
+               rows.filter(processor_ref=event.processor_ref).first()
+               if event.processor_ref else None)
+    if payment is None:
+        raise Payment.DoesNotExist(f"no payment for event {event.id}")
+    return payment
+
+
+def _reverse(payment: Payment, amount_micros: int, *, key: str, why: str) -> None:
+    """Take `amount_micros` of a purchase back: from the payer's wallet as far as it holds it,
+    the rest is the platform's loss (chargebacks). The payer's other money is never touched:
+    holds in flight and earnings stay."""
+    if amount_micros <= 0:
+        return
+    wallet = ledger.account_id(Account.Kind.WALLET, payment.user_id)
+    held = (Account.objects.select_for_update().filter(pk=wallet)
+            .values_list("balance_micros", flat=True).first() or 0)
+    taken = min(held, amount_micros)
+    ledger.post(kind=Transfer.Kind.REVERSAL, idempotency_key=key,
+                legs=[(ledger.account_id(Account.Kind.PAYMENT_CLEARING), amount_micros),
+                      (wallet, -taken),
+                      (ledger.account_id(Account.Kind.CHARGEBACKS), taken - amount_micros)],
+                reference=f"payment:{payment.pk}", memo=why)
+
+
+def _refund(payment: Payment, *, refunded_in_all: int) -> None:
+    if payment.status != Payment.Status.SUCCEEDED:
+        return
+    refunded_in_all = min(refunded_in_all, payment.amount_micros)
+    more = refunded_in_all - payment.refunded_micros
+    if more <= 0:
+        return
+    _reverse(payment, more, key=f"refund:{payment.pk}:{refunded_in_all}",
+             why=f"refund of payment {payment.receipt_number}")
+    Payment.objects.filter(pk=payment.pk).update(refunded_micros=refunded_in_all)
+
+
+def _dispute(payment: Payment, *, case: str, amount_micros: int) -> None:
+    if payment.status != Payment.Status.SUCCEEDED:
+        return
+    amount = min(amount_micros, payment.amount_micros - payment.refunded_micros)
+    _reverse(payment, amount, key=f"dispute:{case}",
+             why=f"dispute of payment {payment.receipt_number}")
+    Payment.objects.filter(pk=payment.pk).update(disputed_micros=F("disputed_micros") + amount)
+
+
+def _dispute_won(payment: Payment, *, case: str) -> None:
+    """The dispute went our way: the reversal is undone leg by leg, exactly."""
+    taken = Transfer.objects.filter(idempotency_key=f"dispute:{case}").first()
+    if taken is None:
+        return
+    legs = list(taken.entries.values_list("account_id", "amount_micros"))
+    ledger.post(kind=Transfer.Kind.REVERSAL, idempotency_key=f"dispute-won:{case}",
+                legs=[(account, -amount) for account, amount in legs],
+                reference=f"payment:{payment.pk}",
+                memo=f"dispute of payment {payment.receipt_number} won")
+    clearing = next(amount for account, amount in legs if amount > 0)
+    Payment.objects.filter(pk=payment.pk).update(disputed_micros=F("disputed_micros") - clearing)
 
 
 def credits_grant(*, user, amount_micros: int, idempotency_key: str, memo: str = "") -> int:

@@ -10,20 +10,27 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from billing import charts, keys, metering, selectors, services
 from billing.forms import ApiKeyForm, PayoutRequestForm, TopUpForm
-from billing.gateway import DECLINES, REQUIRES_CONFIRMATION, SUCCEEDS, GatewayError, get_gateway
+from billing.gateway import (
+    DECLINES,
+    REQUIRES_CONFIRMATION,
+    SUCCEEDS,
+    GatewayError,
+    TestCardGateway,
+    get_gateway,
+)
 from billing.models import Account, ApiKey, Payment
 from billing.pricing import format_usd, micros_to_usd
 
 TRANSACTIONS_PAGE_SIZE = 50
 RECENT_TRANSACTIONS = 10
 USAGE_DAYS = {7, 30, 90}
-SIGNATURE_HEADER = "X-Rigshare-Signature"
 
 
 def _topup_key(user, form_key: str) -> str:
@@ -33,23 +40,26 @@ def _topup_key(user, form_key: str) -> str:
 
 @login_required
 def overview(request):
-    form = TopUpForm(request.POST or None)
+    gateway = get_gateway()
+    form = TopUpForm(request.POST or None, collects_card=gateway.collects_card)
     if request.method == "POST" and form.is_valid():
         key = _topup_key(request.user, form.cleaned_data["idempotency_key"])
         replay = Payment.objects.filter(idempotency_key=key, user=request.user).exists()
         try:
             payment = services.payment_create(
                 user=request.user, amount_micros=form.amount_micros(),
-                card_number=form.cleaned_data["card_number"], idempotency_key=key)
+                card_number=form.cleaned_data.get("card_number", ""), idempotency_key=key,
+                return_url=request.build_absolute_uri(reverse("billing:overview")))
         except services.BillingError as exc:
             form.add_error("amount", str(exc))
         else:
             if payment.user_id != request.user.pk:
                 raise Http404("No such payment.")
             if payment.status == Payment.Status.DECLINED:
-                form.add_error("card_number", payment.decline_reason or "The card was declined.")
+                form.add_error("card_number" if gateway.collects_card else "amount",
+                               payment.decline_reason or "The card was declined.")
             elif payment.status == Payment.Status.REQUIRES_CONFIRMATION:
-                return redirect("billing:test_gateway", gateway_ref=payment.gateway_ref)
+                return redirect(_finish_url(payment))
             elif replay:
                 messages.info(request, "This form was already submitted: you were charged once.")
                 return redirect("billing:receipt", payment_id=payment.pk)
@@ -64,26 +74,41 @@ def overview(request):
         data["idempotency_key"] = TopUpForm().initial["idempotency_key"]
         data["card_number"] = ""
         form.data = data
+    payments = selectors.payments_of(request.user.pk)[:5]
+    for payment in payments:
+        payment.finish_url = _finish_url(payment)
     return render(request, "billing/overview.html", {
         "form": form, "balances": selectors.user_balances(request.user.pk),
         "entries": selectors.user_entries(request.user.pk)[:RECENT_TRANSACTIONS],
-        "payments": selectors.payments_of(request.user.pk)[:5],
+        "payments": payments,
         "test_cards": [(SUCCEEDS, "succeeds"), (DECLINES, "is declined"),
-                       (REQUIRES_CONFIRMATION, "asks you to confirm the payment first")],
+                       (REQUIRES_CONFIRMATION, "asks you to confirm the payment first")]
+        if gateway.collects_card else [],
     })
+
+
+def _finish_url(payment: Payment) -> str:
+    """Where the payer finishes a payment that awaits them: the processor's page, or the test
+    gateway's confirmation step."""
+    if payment.checkout_url:
+        return payment.checkout_url
+    return reverse("billing:test_gateway", kwargs={"gateway_ref": payment.gateway_ref})
 
 
 @login_required
 def test_gateway(request, gateway_ref: str):
     """The test gateway's stand-in for a bank's confirmation step (3-D Secure)."""
+    gateway = get_gateway()
+    if not isinstance(gateway, TestCardGateway):
+        raise Http404("No such page.")
     payment = get_object_or_404(Payment, gateway_ref=gateway_ref, user=request.user,
-                                gateway=get_gateway().name)
+                                gateway=gateway.name)
     if request.method == "POST":
         if payment.status == Payment.Status.REQUIRES_CONFIRMATION:
-            event = get_gateway().confirm(gateway_ref=payment.gateway_ref)
+            event = gateway.confirm(gateway_ref=payment.gateway_ref)
             try:
                 # The same path as the processor's webhook: one way for a payment to succeed.
-                services.webhook_handle(body=event["body"], signature=event["signature"])
+                services.webhook_handle(body=event["body"], headers=event["headers"])
             except services.BillingError as exc:
                 messages.error(request, str(exc))
                 return redirect("billing:overview")
@@ -96,11 +121,10 @@ def test_gateway(request, gateway_ref: str):
 @csrf_exempt
 @require_POST
 def payment_webhook(request):
-    """The processor's signed events. A replayed event changes nothing (payment_succeeded pays
-    once), so the processor may deliver as often as it likes."""
+    """The processor's signed events. Each event id is handled once, so the processor may
+    deliver as often as it likes."""
     try:
-        payment = services.webhook_handle(body=request.body,
-                                          signature=request.headers.get(SIGNATURE_HEADER, ""))
+        payment = services.webhook_handle(body=request.body, headers=request.headers)
     except GatewayError as exc:
         return JsonResponse({"error": str(exc)}, status=400)
     except Payment.DoesNotExist:

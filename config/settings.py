@@ -14,11 +14,12 @@ from config.env import env_bool, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
+# Production (RIGSHARE_PRODUCTION=1) takes real money only and refuses to start unless it is set
+# up for it: see the end of this file and docs/operations.md.
+RIGSHARE_PRODUCTION = env_bool("RIGSHARE_PRODUCTION", False)
 DEBUG = env_bool("DEBUG", False)
 _DEV_SECRET = "insecure-dev-only-secret-key-do-not-use-in-production"
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
-if not DEBUG and SECRET_KEY == _DEV_SECRET and env_bool("RIGSHARE_PRODUCTION", False):
-    raise ImproperlyConfigured("SECRET_KEY must be set in production (RIGSHARE_PRODUCTION=1).")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -33,6 +34,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     "accounts",
     "billing",
     "marketplace",
@@ -49,6 +51,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it answers a locked-out log-in.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -102,6 +106,21 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
 
 AUTH_USER_MODEL = "accounts.User"
+# django-axes counts failed log-ins per (email, address) and locks that pair out for a while;
+# the standalone backend must come first.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend",
+                           "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("RIGSHARE_LOGIN_FAILURE_LIMIT", 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("RIGSHARE_LOGIN_COOLOFF_MIN", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_USERNAME_FORM_FIELD = "username"  # the log-in form's field (its value is the email)
+AXES_VERBOSE = False
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "accounts/locked_out.html"
+# Behind a load balancer the client's address is in X-Forwarded-For: how many proxies to trust.
+AXES_IPWARE_PROXY_COUNT = env_int("RIGSHARE_TRUSTED_PROXIES", 0, minimum=0) or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
+                                     if AXES_IPWARE_PROXY_COUNT else ["REMOTE_ADDR"])
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -166,9 +185,13 @@ RIGSHARE_PLATFORM_FEE_BPS = env_int("RIGSHARE_PLATFORM_FEE_BPS", 1500, minimum=0
 if RIGSHARE_PLATFORM_FEE_BPS > 10_000:
     raise ImproperlyConfigured("RIGSHARE_PLATFORM_FEE_BPS must be at most 10000 (100%).")
 RIGSHARE_MIN_PAYOUT_MICROS = env_int("RIGSHARE_MIN_PAYOUT_MICROS", 10_000_000, minimum=1)
-# Signs the payment gateway's webhook events (the test gateway signs with it too).
+# The test-card gateway (demo and tests only) signs its own webhook events with this.
 RIGSHARE_PAYMENT_WEBHOOK_SECRET = env_str("RIGSHARE_PAYMENT_WEBHOOK_SECRET",
                                           "dev-only-payment-webhook-secret")
+# Stripe (billing/gateway.py): production needs both; set in development, Stripe's test mode is
+# used instead of the test-card gateway.
+STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY", "")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
 
 # Verification: how long a run waits for the agent's probes before judging without them, and
 # the concurrency levels of the platform-side load test (the node's maximum is added).
@@ -185,3 +208,33 @@ LOGGING = {
                 # one line per request of the load tests and the proxy: too much at INFO
                 "httpx": {"level": "WARNING"}},
 }
+
+if RIGSHARE_PRODUCTION:
+    _problems = [
+        message for failed, message in (
+            (DEBUG, "DEBUG must be off"),
+            (SECRET_KEY == _DEV_SECRET, "SECRET_KEY must be set"),
+            (len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5,
+             "SECRET_KEY must be at least 50 characters, of at least 5 different ones"),
+            (not STRIPE_SECRET_KEY.startswith(("sk_live_", "sk_test_", "rk_live_", "rk_test_")),
+             "STRIPE_SECRET_KEY must be a Stripe secret key (sk_... or rk_...)"),
+            (not STRIPE_WEBHOOK_SECRET.startswith("whsec_"),
+             "STRIPE_WEBHOOK_SECRET must be the endpoint's signing secret (whsec_...)"),
+            (not REDIS_URL, "REDIS_URL must be set (cache, rate limits, Celery)"),
+            (DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
+             "DATABASE_URL must name PostgreSQL"),
+        ) if failed]
+    if _problems:
+        raise ImproperlyConfigured("Refusing to start in production (RIGSHARE_PRODUCTION=1): "
+                                   + "; ".join(_problems) + ".")
+    # HTTPS only, behind a proxy that terminates TLS and says so in X-Forwarded-Proto.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # the load balancer's plain-HTTP probe
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SESSION_COOKIE_HTTPONLY = True
+    CSRF_COOKIE_HTTPONLY = True  # the pages post forms with the token; no script reads it

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 
 from marketplace import selectors, services
 from marketplace.filters import CatalogFilterForm
-from marketplace.models import Listing
+from marketplace.models import EnrolmentToken, Listing, Node, Rental
 from marketplace.serializers import (
     CatalogCardSerializer,
     EnrolmentTokenSerializer,
@@ -44,6 +44,7 @@ class CatalogCardDetail(generics.RetrieveAPIView):
 class RentalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                     viewsets.GenericViewSet):
     serializer_class = RentalSerializer
+    queryset = Rental.objects.none()  # the schema's types; get_queryset says whose
 
     def get_queryset(self):
         return selectors.rentals_of(self.request.user)
@@ -70,6 +71,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Updat
     facts come from the agent."""
 
     serializer_class = NodeSerializer
+    queryset = Node.objects.none()  # the schema's types; get_queryset says whose
     http_method_names = ["get", "patch", "post", "head", "options"]
 
     def get_queryset(self):
@@ -118,6 +120,7 @@ class ListingDetail(generics.RetrieveUpdateAPIView):
 class EnrolmentTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin,
                             viewsets.GenericViewSet):
     serializer_class = EnrolmentTokenSerializer
+    queryset = EnrolmentToken.objects.none()  # the schema's types; get_queryset says whose
 
     def get_queryset(self):
         return selectors.provider_enrolment_tokens(self.request.user)

@@ -2,6 +2,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import redirect
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from marketplace.models import Node
@@ -19,4 +20,8 @@ def reverify(request, node_id: int):
         messages.error(request, str(exc))
     else:
         messages.success(request, "Verification started: the rent page shows its progress.")
-    return redirect(request.POST.get("next") or "marketplace:provider")
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                           require_https=request.is_secure()):
+        target = "marketplace:provider"  # never off-site
+    return redirect(target)

@@ -95,3 +95,21 @@ def test_signup_next_never_leaves_the_site(client, target, lands):
         "email": "erin@example.com", "password1": "a-long-passphrase-9",
         "password2": "a-long-passphrase-9"})
     assert response.status_code == 302 and response["Location"] == lands
+
+
+def test_repeated_wrong_passwords_lock_the_login_out_for_a_while(client, alice, bob, settings):
+    """30 wrong passwords in a few seconds used to go through: after the limit, even the right
+    password is refused from that address, while other accounts log in as usual."""
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        client.post("/accounts/login/", {"username": "alice@example.com", "password": "nope"})
+    for _ in range(20):
+        locked = client.post("/accounts/login/", {"username": "alice@example.com",
+                                                  "password": "nope"})
+        assert locked.status_code == 429
+    right = client.post("/accounts/login/", {"username": "alice@example.com",
+                                             "password": "correct horse battery"})
+    assert right.status_code == 429 and 'id="locked-out"' in right.content.decode()
+    assert "_auth_user_id" not in client.session
+    other = client.post("/accounts/login/", {"username": "bob@example.com",
+                                             "password": "correct horse battery"})
+    assert other.status_code == 302

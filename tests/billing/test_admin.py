@@ -9,6 +9,7 @@ from django.contrib import admin
 from django.contrib.auth.models import Permission
 
 from billing import keys, ledger, selectors, services
+from billing.gateway import get_gateway
 from billing.metering import Worker
 from billing.models import Account, ApiKey, Entry, ModelPrice, Payout, Transfer
 from tests.billing.test_pages import MODEL, USD, grant, price, spend
@@ -43,6 +44,9 @@ def test_every_billing_model_has_admin_pages_that_load(client, operator, earning
                                             card_number="4242424242424242",
                                             idempotency_key="admin-test")
     assert topup_payment.status == "succeeded"
+    refund = get_gateway().event("payment.refunded", topup_payment.gateway_ref,
+                                 amount_micros=USD)  # a GatewayEvent row, a reversal
+    services.webhook_handle(body=refund["body"], headers=refund["headers"])
     services.payout_request(provider=earning_bob, amount_micros=20 * USD)
     capped, _ = keys.api_key_create(user=carol, name="capped", spend_limit_micros=1000 * USD)
     spend(capped, prompt=10, completion=0)  # a KeySpend row

@@ -256,13 +256,13 @@ def test_the_webhook_credits_once_however_often_it_is_replayed(client, alice):
     payment = _pending_payment(client, alice)
     event = get_gateway().confirm(gateway_ref=payment.gateway_ref)
     for _ in range(3):
-        response = _deliver(client, event["body"], event["signature"])
+        response = _deliver(client, event["body"], event["headers"]["X-Rigshare-Signature"])
         assert response.status_code == 200 and response.json()["status"] == "succeeded"
     assert wallet(alice) == 30 * USD
     assert Transfer.objects.filter(kind="purchase").count() == 1
     # A second, different event for the same payment changes nothing either.
     again = get_gateway().confirm(gateway_ref=payment.gateway_ref)
-    assert _deliver(client, again["body"], again["signature"]).status_code == 200
+    assert _deliver(client, again["body"], again["headers"]["X-Rigshare-Signature"]).status_code == 200
     assert wallet(alice) == 30 * USD
 
 
@@ -274,7 +274,7 @@ def test_the_webhook_refuses_a_bad_signature(client, alice):
     assert client.post("/billing/webhooks/payments/", event["body"],
                        content_type="application/json").status_code == 400
     forged = event["body"].replace(b"payment.succeeded", b"payment.succeeded ")
-    assert _deliver(client, forged, event["signature"]).status_code == 400
+    assert _deliver(client, forged, event["headers"]["X-Rigshare-Signature"]).status_code == 400
     payment.refresh_from_db()
     assert payment.status == Payment.Status.REQUIRES_CONFIRMATION and wallet(alice) == 0
 
@@ -282,14 +282,17 @@ def test_the_webhook_refuses_a_bad_signature(client, alice):
 def test_the_webhook_answers_bad_events_with_4xx_not_500(client, alice):
     gateway = get_gateway()
     unknown = gateway.event("payment.succeeded", "tpay_nobody")
-    assert _deliver(client, unknown["body"], unknown["signature"]).status_code == 400
-    other = gateway.event("payment.refunded", "tpay_nobody")
-    response = _deliver(client, other["body"], other["signature"])
+    assert _deliver(client, unknown["body"], unknown["headers"]["X-Rigshare-Signature"]).status_code == 400
+    refund = gateway.event("payment.refunded", "tpay_nobody", amount_micros=USD)
+    assert _deliver(client, refund["body"],
+                    refund["headers"]["X-Rigshare-Signature"]).status_code == 400
+    other = gateway.event("payment.renamed", "tpay_nobody")
+    response = _deliver(client, other["body"], other["headers"]["X-Rigshare-Signature"])
     assert response.status_code == 200 and response.json() == {"status": "ignored"}
     client.force_login(alice)
     topup(client, card=DECLINES)
     declined = gateway.event("payment.succeeded", Payment.objects.get().gateway_ref)
-    assert _deliver(client, declined["body"], declined["signature"]).status_code == 409
+    assert _deliver(client, declined["body"], declined["headers"]["X-Rigshare-Signature"]).status_code == 409
     assert client.get("/billing/webhooks/payments/").status_code == 405
     assert wallet(alice) == 0
 
@@ -305,7 +308,7 @@ def test_the_webhook_needs_no_csrf_token(alice):
     payment = _pending_payment(Client(), alice)
     event = get_gateway().confirm(gateway_ref=payment.gateway_ref)
     # ...while the processor, who has no session, is let in by its signature.
-    assert _deliver(strict, event["body"], event["signature"]).status_code == 200
+    assert _deliver(strict, event["body"], event["headers"]["X-Rigshare-Signature"]).status_code == 200
     assert wallet(alice) == 30 * USD
 
 

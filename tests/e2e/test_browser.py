@@ -191,7 +191,9 @@ def test_provider_lists_a_machine_and_a_renter_rents_and_stops_it(page, live_ser
     expect(fact(page, "Power limit")).to_have_text(f"{profile.power_limit_w} W")
 
     expect(page.get_by_role("heading", name="What the provider claims")).to_be_visible()
-    expect(fact(page, "Provider")).to_have_text(bob)
+    # A renter sees who provides it, never their email.
+    expect(fact(page, "Provider")).to_have_text(re.compile(r"^Provider #\d+$"))
+    expect(page.get_by_text(bob)).to_have_count(0)
 
     expect(page.get_by_role("heading", name="Uptime, last 48 hours")).to_be_visible()
     expect(page.get_by_text("Reliability over the last 30 days")).to_contain_text("%")

@@ -124,6 +124,16 @@ def test_no_page_or_api_shows_a_full_uuid_to_the_public(client, api, bob, incumb
     assert H200["uuid"] in client.get(f"/cards/{card.pk}/").content.decode()
 
 
+def test_a_providers_email_is_shown_to_them_and_staff_only(client, bob, incumbent):
+    card = Card.objects.get(node_id=incumbent["node_id"])
+    page = client.get(f"/cards/{card.pk}/").content.decode()
+    assert "bob@example.com" not in page and f"Provider #{bob.pk}" in page
+    client.force_login(UserFactory(email="renter@example.com"))
+    assert "bob@example.com" not in client.get(f"/cards/{card.pk}/").content.decode()
+    client.force_login(bob)
+    assert "bob@example.com" in client.get(f"/cards/{card.pk}/").content.decode()
+
+
 def test_both_owners_are_told_on_their_dashboards(client, bob, mallory, incumbent, thief):
     client.force_login(bob)
     html = client.get("/provider/").content.decode()

@@ -258,7 +258,7 @@ async def _refuses(scope, receive, send):
     await send({"type": "http.response.start", "status": 400,
                 "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": json.dumps({
-        "object": "error", "message": "temperature must be non-negative, got -1.0.",
+        "object": "error", "message": "top_k must be -1 (disable), or at least 1, got -5.",
         "type": "BadRequestError", "param": None, "code": 400}).encode()})
 
 
@@ -268,11 +268,11 @@ def test_engine_refusing_the_request_itself_passes_its_error_and_bills_nothing(
     with ServerThread(_refuses) as refusing:
         deploy(refusing.url)
         response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5,
-                                        "temperature": -1, "stream": stream})
+                                        "top_k": -5, "stream": stream})
         assert response.status_code == 400
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
-        assert error["message"] == "temperature must be non-negative, got -1.0."
+        assert error["message"] == "top_k must be -1 (disable), or at least 1, got -5."
         settled()
     assert Hold.objects.get().status == "released" and not Charge.objects.exists()
     assert not proxy.BREAKER.failures  # the client's mistake is not the worker's failure

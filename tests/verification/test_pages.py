@@ -114,3 +114,15 @@ def test_checks_that_were_not_made_are_grey_and_the_card_only_serving_verified(
     catalog = client.get("/").content.decode()
     assert 'class="badge serving_verified"' in catalog
     assert client.get("/", {"verified": "1"}).context["page"].paginator.count == 0
+
+
+@pytest.mark.parametrize("target, landing", [
+    ("https://evil.example/phish", "/provider/"),
+    ("//evil.example/phish", "/provider/"),
+    ("/cards/1/", "/cards/1/"),
+])
+def test_reverify_goes_back_only_to_this_site(client, bob, target, landing):
+    node = enrolled_node(bob, h200_report(uuid="GPU-redirect"))
+    client.force_login(bob)
+    response = client.post(f"/verification/nodes/{node.pk}/reverify/", {"next": target})
+    assert response.status_code == 302 and response["Location"] == landing
