@@ -365,6 +365,7 @@ def make_rows(engine_url: str) -> str:
                                credential_prefix=uuid.uuid4().hex[:12],
                                credential_digest="0" * 64, status=Node.Status.ONLINE,
                                last_heartbeat_at=timezone.now(), engine_url=engine_url,
+                               engine_connect_url=engine_url,
                                engine_reachable=True, simulated=True)
     run = VerificationRun.objects.create(node=node, trigger="enrolment", status="done",
                                          model=profile.model)

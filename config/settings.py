@@ -193,6 +193,12 @@ RIGSHARE_PAYMENT_WEBHOOK_SECRET = env_str("RIGSHARE_PAYMENT_WEBHOOK_SECRET",
 STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY", "")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
 
+# Networks where the platform may call a provider's engine although they are not public
+# (marketplace/engine_address.py). Outside production, loopback: the demo's and the tests'
+# engines run on this machine. In production none unless an operator names one.
+RIGSHARE_ENGINE_NETWORKS = tuple(env_list(
+    "RIGSHARE_ENGINE_NETWORKS", [] if RIGSHARE_PRODUCTION else ["127.0.0.0/8", "::1/128"]))
+
 # Verification: how long a run waits for the agent's probes before judging without them, and
 # the concurrency levels of the platform-side load test (the node's maximum is added).
 RIGSHARE_PROBE_WAIT = timedelta(seconds=env_int("RIGSHARE_PROBE_WAIT_S", 600, minimum=1))

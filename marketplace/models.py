@@ -69,7 +69,12 @@ class Node(models.Model):
     cuda_version = models.CharField(max_length=64, blank=True)
     has_nvidia = models.BooleanField(default=False)
     simulated = models.BooleanField(default=False)
-    engine_url = models.CharField(max_length=256, blank=True)
+    engine_url = models.CharField(max_length=256, blank=True)  # as the agent reports it
+    # Where the platform calls the engine: engine_url with its host resolved and checked
+    # (engine_address.py); empty while the URL is refused. Checked again when the URL changes
+    # and at least every ENGINE_RECHECK.
+    engine_connect_url = models.CharField(max_length=300, blank=True)
+    engine_checked_at = models.DateTimeField(null=True, blank=True)
     engine_reachable = models.BooleanField(default=False)
     engine_models = models.JSONField(default=list, blank=True)
     # Per model in engine_models that the agent described: [{"id", "engine", "max_context",

@@ -14,7 +14,7 @@ from accounts.secrets import secret_issue, secret_matches, secret_prefix
 from billing import pricing
 from billing import services as billing
 from billing.selectors import wallet_balance
-from marketplace import uptime
+from marketplace import engine_address, uptime
 from marketplace.models import (
     Card,
     EnrolmentToken,
@@ -161,11 +161,38 @@ class HeartbeatResult:
     uuid_conflicts_changed: bool = False  # a UUID conflict of this node opened or closed
 
 
-@transaction.atomic
+# The engine's address is looked up again at least this often: a provider may move it.
+ENGINE_RECHECK = timedelta(minutes=10)
+
+
+def _engine_connect(node_id: int, url: str, now: datetime) -> tuple[str, str] | None:
+    """(connect URL, refusal) when the reported URL needs checking, None when the stored check
+    stands. Runs before the node's row is locked: a DNS lookup may take a while."""
+    stored = Node.objects.filter(pk=node_id).values("engine_url", "engine_checked_at").first()
+    if stored and stored["engine_url"] == url and stored["engine_checked_at"] \
+            and now - stored["engine_checked_at"] < ENGINE_RECHECK:
+        return None
+    if not url:
+        return "", ""
+    try:
+        checked = engine_address.check(url, allowed_networks=settings.RIGSHARE_ENGINE_NETWORKS)
+    except engine_address.EngineAddressRefused as exc:
+        return "", f"refused: {exc}"
+    return checked.connect_url, ""
+
+
 def node_heartbeat_record(*, node_id: int, report: dict,
                           now: datetime | None = None) -> HeartbeatResult:
     """Store what the agent reports; the only writer of hardware facts. `report` is validated."""
     now = now or timezone.now()
+    engine = report.get("engine") or {}
+    connect = _engine_connect(node_id, engine.get("url") or "", now)
+    return _heartbeat_store(node_id=node_id, report=report, connect=connect, now=now)
+
+
+@transaction.atomic
+def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | None,
+                     now: datetime) -> HeartbeatResult:
     node = _lock_node(node_id)
     engine = report.get("engine") or {}
     gpus = report.get("gpus") or []
@@ -209,10 +236,18 @@ def node_heartbeat_record(*, node_id: int, report: dict,
     node.has_nvidia = bool(report.get("nvidia"))
     node.simulated = bool(report.get("simulated"))
     node.engine_url = engine.get("url") or ""
-    node.engine_reachable = bool(engine.get("reachable"))
+    refusal = ""
+    if connect is not None:
+        node.engine_connect_url, refusal = connect
+        node.engine_checked_at = now
+    elif not node.engine_connect_url and node.engine_url:
+        refusal = (node.engine_error if node.engine_error.startswith("refused:")
+                   else "refused: the engine's address is not a public one")
+    # Reachable for the platform only at an address it may call.
+    node.engine_reachable = bool(engine.get("reachable")) and bool(node.engine_connect_url)
     node.engine_models = list(engine.get("models") or [])
     node.engine_served = list(engine.get("served") or [])
-    node.engine_error = (engine.get("error") or "")[:256]
+    node.engine_error = (refusal or engine.get("error") or "")[:256]
     node.last_heartbeat_at = now
     if changed:
         node.hardware_changed_at = now

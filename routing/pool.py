@@ -143,7 +143,7 @@ def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
     for d in deployments:
         name = mapping.get(d.engine_model_id) or (
             d.engine_model_id if d.engine_model_id in models else None)
-        if name is None or not d.node.engine_url:
+        if name is None or not d.node.engine_connect_url:
             continue
         node_cards = cards.get(d.node_id, [])
         # Shared traffic only for a node whose every card's serving is verified and that is
@@ -155,7 +155,7 @@ def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
         renter_id = None if not rent else (next(iter(rent)) if len(rent) == 1 else -1)
         workers.setdefault(name, []).append(Worker(
             deployment_id=d.pk, ref=worker_ref(d.pk), node_id=d.node_id,
-            provider_id=d.node.owner_id, url=d.node.engine_url.rstrip("/"), engine=d.engine,
+            provider_id=d.node.owner_id, url=d.node.engine_connect_url, engine=d.engine,
             engine_model=d.engine_model_id, quantization=d.quantization,
             max_context=d.max_context,
             capacity_tps=float(capacity.get((d.node_id, d.engine_model_id), 0.0)),

@@ -80,8 +80,10 @@ def deployments_check_health(*, now: datetime | None = None) -> dict[int, str]:
     deployments leave the pool after UNHEALTHY_AFTER failures in a row, and come back at the
     first success."""
     now = now or timezone.now()
+    # Only where the platform may call: the engine's checked address (engine_address.py).
     urls = dict(Node.objects.filter(status=Node.Status.ONLINE, deployments__reported=True)
-                .exclude(engine_url="").values_list("pk", "engine_url").distinct())
+                .exclude(engine_connect_url="").values_list("pk", "engine_connect_url")
+                .distinct())
     results = asyncio.run(_check_all(urls)) if urls else {}
     for node_id, error in results.items():
         rows = Deployment.objects.filter(node_id=node_id, reported=True)

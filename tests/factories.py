@@ -42,6 +42,9 @@ class NodeFactory(factory.django.DjangoModelFactory):
     last_heartbeat_at = factory.LazyFunction(timezone.now)
     reliability_pct = 99
     created_at = factory.LazyFunction(lambda: timezone.now() - timedelta(days=3))
+    engine_url = ""
+    # As a heartbeat would have checked it (marketplace/engine_address.py).
+    engine_connect_url = factory.LazyAttribute(lambda o: (o.engine_url or "").rstrip("/"))
 
 
 class CardFactory(factory.django.DjangoModelFactory):

@@ -175,8 +175,11 @@ def run_load_test(*, run_id: int) -> bool:
     ProbeJob.objects.filter(run=run, status=ProbeJob.Status.PENDING).update(
         status=ProbeJob.Status.FAILED, error="the machine did not answer in time")
     node = run.node
-    if not node.engine_url or not node.engine_reachable:
-        _progress(run, "the engine was not reachable: no load test", 80)
+    if not node.engine_connect_url or not node.engine_reachable or not node.is_online:
+        why = ("the machine is offline" if not node.is_online else node.engine_error
+               if node.engine_error.startswith("refused:") else "the engine was not reachable")
+        VerificationRun.objects.filter(pk=run.pk).update(error=f"no load test: {why}"[:500])
+        _progress(run, f"no load test: {why}", 80)
         return True
 
     # The load test runs on its own event loop in a worker thread; this thread keeps the ORM
@@ -184,7 +187,7 @@ def run_load_test(*, run_id: int) -> bool:
     latest: dict = {}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(asyncio.run, loadtest.run_load_test(
-            node.engine_url, levels=settings.RIGSHARE_LOAD_TEST_LEVELS,
+            node.engine_connect_url, levels=settings.RIGSHARE_LOAD_TEST_LEVELS,
             max_concurrency=_advertised_concurrency(node),
             progress=lambda detail, pct: latest.update(detail=detail, pct=pct)))
         shown, stamped = None, time.monotonic()

@@ -191,7 +191,8 @@ def test_health_check_takes_a_dead_engine_out_and_brings_it_back(engine, deploy)
     dead.refresh_from_db()
     assert alive.healthy and not dead.healthy and dead.health_failures == 2
     assert workers(pool.build()) == [alive.pk]
-    Node.objects.filter(pk=dead.node_id).update(engine_url=alive.node.engine_url)
+    Node.objects.filter(pk=dead.node_id).update(engine_url=alive.node.engine_url,
+                                                engine_connect_url=alive.node.engine_url)
     services.deployments_check_health()
     dead.refresh_from_db()
     assert dead.healthy and dead.health_failures == 0

@@ -68,7 +68,10 @@ def _worker_with_beat(schedule_dir, *extra):
         [sys.executable, "-m", "celery", "-A", "config", "worker", "-B",
          "--schedule", str(schedule_dir / "beat-schedule"), "--without-gossip",
          "--without-mingle", "--loglevel=WARNING", *extra],
-        env=dict(os.environ, DATABASE_URL=_database_url(), RIGSHARE_LOAD_TEST_LEVELS="1,8"),
+        # No agent heartbeats here: the beat must not mark the node offline meanwhile (an
+        # offline node is not load-tested).
+        env=dict(os.environ, DATABASE_URL=_database_url(), RIGSHARE_LOAD_TEST_LEVELS="1,8",
+                 RIGSHARE_OFFLINE_AFTER_MISSED="1000"),
         start_new_session=True)
 
 
