@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from accounts.secrets import secret_digest, secret_issue, secret_matches, secret_prefix
 from billing.models import ApiKey
-from config.redis import redis_client
+from config.redis import REDIS_ERRORS, pool_options, redis_client
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +85,15 @@ def api_key_revoke(*, user, key_id: int) -> bool:
 
 def _changed(digest: str) -> None:
     """Every cached copy of the key goes: Redis's, this process's, and (announced) every other
-    process's near cache."""
-    cache.set(_cache_key(digest), _CHANGED, CACHE_S)
+    process's near cache. With Redis away the database has the change already; each process
+    empties its near cache when its listener loses Redis, and Redis's copy expires."""
     _NEAR.drop(digest)
-    if settings.REDIS_URL:
-        redis_client().publish(CHANNEL, digest)
+    try:
+        cache.set(_cache_key(digest), _CHANGED, CACHE_S)
+        if settings.REDIS_URL:
+            redis_client().publish(CHANNEL, digest)
+    except REDIS_ERRORS:
+        log.warning("API key change not announced: Redis is away")
 
 
 def api_key_authenticate(token: str) -> KeyInfo | None:
@@ -98,13 +102,19 @@ def api_key_authenticate(token: str) -> KeyInfo | None:
     if prefix is None:
         return None
     digest = secret_digest(token)
-    cached = cache.get(_cache_key(digest))
+    try:
+        cached = cache.get(_cache_key(digest))
+    except REDIS_ERRORS:  # Redis away: the database answers
+        cached = None
     if cached is not None and cached != _CHANGED:
         return cached or None
     row = ApiKey.objects.filter(prefix=prefix).first()
     ok = row is not None and row.revoked_at is None and secret_matches(token, row.digest)
     info = KeyInfo.of(row) if ok else None
-    cache.add(_cache_key(digest), info or False, CACHE_S)
+    try:
+        cache.add(_cache_key(digest), info or False, CACHE_S)
+    except REDIS_ERRORS:
+        pass
     if ok:
         ApiKey.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
     return info
@@ -120,8 +130,17 @@ def _async_redis():
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
-        client = _clients[loop] = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(settings.REDIS_URL,
+                                                             **_async_pool_options())
+        client = _clients[loop] = redis.asyncio.Redis(connection_pool=pool)
     return client
+
+
+def _async_pool_options() -> dict:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+
+    return pool_options() | {"retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1)}
 
 
 async def api_key_cached(token: str) -> tuple[bool, KeyInfo | None]:
@@ -141,7 +160,10 @@ async def api_key_cached(token: str) -> tuple[bool, KeyInfo | None]:
         if hit is not None and hit[0] > time.monotonic():
             return True, hit[1]
     generation = _NEAR.generation
-    raw = await _async_redis().get(cache.make_key(_cache_key(digest)))
+    try:
+        raw = await _async_redis().get(cache.make_key(_cache_key(digest)))
+    except REDIS_ERRORS:  # Redis away: the caller checks the key in the database
+        return False, None
     if raw is None:
         return False, None
     cached = RedisSerializer().loads(raw)

@@ -6,6 +6,7 @@ With Redis (production, tests) one Lua script checks and counts every limit atom
 round trip. Without it (the single-process demo) the local cache counts.
 """
 
+import logging
 import os
 import threading
 import time
@@ -14,7 +15,9 @@ from functools import cache as memoize
 from django.conf import settings
 from django.core.cache import cache
 
-from config.redis import redis_client
+from config.redis import REDIS_ERRORS, redis_client
+
+log = logging.getLogger(__name__)
 
 # KEYS: the counters; ARGV: ttl, then (amount, limit) per counter. Returns 0 when every counter
 # had room (and counts the request in all of them), else the 1-based index of the full one.
@@ -77,9 +80,10 @@ def _send(keys: list[str], args: list[int]) -> int:
     import redis
 
     script = _script()
-    if getattr(_own, "conn", None) is None or _own.pid != os.getpid():  # or forked since
+    if (getattr(_own, "conn", None) is None or _own.pid != os.getpid()  # or forked since
+            or _own.client is not script.registered_client):  # or Redis's client replaced
         _own.conn = script.registered_client.connection_pool.make_connection()
-        _own.pid = os.getpid()
+        _own.pid, _own.client = os.getpid(), script.registered_client
     try:
         _own.conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         return _own.conn.read_response()
@@ -101,7 +105,14 @@ def take(*, key_id: int, requests_limit: int | None, tokens_limit: int | None, t
     keys = [_counter(key_id, name, window) for name, _, _ in limits]
     if settings.REDIS_URL:
         args = [120] + [x for _, limit, amount in limits for x in (amount, limit)]
-        full = _run_script(keys, args)
+        try:
+            full = _run_script(keys, args)
+        except REDIS_ERRORS:
+            # Redis away: the request goes through uncounted. Rate limits protect engines, not
+            # money: spend limits and balances are PostgreSQL's and still hold.
+            _own.conn = None
+            log.warning("rate limits not counted: Redis is away")
+            return None
         return limits[full - 1][0] if full else None
     return _take_locally(keys, limits)
 

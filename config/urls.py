@@ -18,3 +18,5 @@ urlpatterns = [
     path("", include("routing.urls")),
     path("", include("marketplace.urls")),
 ]
+
+handler500 = "config.views.server_error"

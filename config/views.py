@@ -1,5 +1,12 @@
-from django.db import connection
-from django.http import JsonResponse
+import logging
+import sys
+
+from django.db import InterfaceError, OperationalError, connection
+from django.http import HttpResponse, JsonResponse
+
+from config.redis import REDIS_ERRORS
+
+log = logging.getLogger(__name__)
 
 
 def healthz(request):
@@ -10,3 +17,29 @@ def healthz(request):
     except Exception as exc:  # any database failure means: take this replica out
         return JsonResponse({"status": "error", "database": str(exc)[:200]}, status=503)
     return JsonResponse({"status": "ok"})
+
+
+# A database or Redis that is away for a moment: the client should come back, not give up.
+RETRY_AFTER_S = 2
+
+
+def server_error(request):
+    """Django's 500 handler. A failure of the database or of Redis (a restart, a failover) is
+    a 503 with Retry-After, as JSON under /api/, as a plain page elsewhere; anything else is
+    the 500 it is."""
+    exc = sys.exc_info()[1]
+    outage = isinstance(exc, (OperationalError, InterfaceError, *REDIS_ERRORS))
+    status = 503 if outage else 500
+    message = ("Rigshare is briefly unable to answer: retry in a few seconds." if outage else
+               "Something went wrong on our side; it has been logged.")
+    if outage:
+        log.warning("%s %s answered 503: %s", request.method, request.path, exc)
+    if request.path.startswith("/api/"):
+        response = JsonResponse({"detail": message}, status=status)
+    else:
+        response = HttpResponse(
+            f"<!doctype html><title>{status}</title><h1>{'Back in a moment' if outage else 'Error'}"
+            f"</h1><p>{message}</p>", status=status, content_type="text/html; charset=utf-8")
+    if outage:
+        response["Retry-After"] = str(RETRY_AFTER_S)
+    return response

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from billing.metering import Price
 from billing.models import ModelPrice
-from config.redis import redis_client
+from config.redis import REDIS_ERRORS, redis_client
 from marketplace.models import Card, Node, Rental
 from routing.models import Deployment, EngineModel, Model, worker_ref
 from routing.placement import Worker
@@ -74,6 +74,13 @@ def load_exchange(own: dict[int, int]) -> dict[int, int]:
     """Publish this process's in-flight counts, read every live process's, sum them."""
     if not settings.REDIS_URL:
         return dict(own)
+    try:
+        return _exchange(own)
+    except REDIS_ERRORS:  # Redis away: this process's own counts are all it knows
+        return dict(own)
+
+
+def _exchange(own: dict[int, int]) -> dict[int, int]:
     r = redis_client()
     mine = f"rigshare:routing:load:{PROCESS_ID}"
     with r.pipeline() as pipe:

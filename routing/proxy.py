@@ -135,12 +135,31 @@ class Outcome:
         requestlog.add(self, latency)
 
 
+def error_response(exc: openai.ApiError) -> JsonResponse:
+    """An error in OpenAI's shape; a 503 or 429 says when to come back (Retry-After)."""
+    response = JsonResponse(exc.body(), status=exc.status)
+    if exc.status == 503:
+        response["Retry-After"] = str(RETRY_AFTER_S)
+    elif exc.status == 429:
+        response["Retry-After"] = str(60 - int(time.time()) % 60)  # the next minute's window
+    return response
+
+
 def _error(exc: openai.ApiError, outcome: Outcome) -> JsonResponse:
     outcome.status, outcome.error_code = exc.status, exc.code or exc.type
     outcome.finish()
-    response = JsonResponse(exc.body(), status=exc.status)
+    response = error_response(exc)
     response["X-Request-Id"] = outcome.request_id
     return response
+
+
+RETRY_AFTER_S = 1
+
+
+def unavailable() -> openai.ApiError:
+    return openai.ApiError(503, "The service is briefly unable to take this request (a "
+                           "database or cache restarting); retry in a moment.",
+                           type_="server_error", code="service_unavailable")
 
 
 def _bearer(header: str) -> str | None:
@@ -167,6 +186,17 @@ async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpRespon
     # as a uuid4, without a getrandom system call per request.
     outcome = Outcome(request_id=f"req-{random.getrandbits(128):032x}", endpoint=endpoint,
                       started=time.perf_counter())
+    try:
+        return await _handle(endpoint, raw, authorization, outcome)
+    except Exception:
+        # Whatever failed (the database or Redis away, a bug): the client gets OpenAI's shape
+        # and a time to come back, the log gets the request id and the traceback.
+        log.exception("%s failed before its response", outcome.request_id)
+        return _error(unavailable(), outcome)
+
+
+async def _handle(endpoint: str, raw: bytes, authorization: str,
+                  outcome: Outcome) -> HttpResponse:
     try:
         key = await authenticate(authorization)
         outcome.user_id, outcome.key_id = key.user_id, key.key_id

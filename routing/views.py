@@ -30,7 +30,10 @@ async def models(request):
         await proxy.authenticate(request.headers.get("Authorization", ""))
         snap = await proxy.pool()
     except openai.ApiError as exc:
-        return JsonResponse(exc.body(), status=exc.status)
+        return proxy.error_response(exc)
+    except Exception:
+        proxy.log.exception("GET /v1/models failed")
+        return proxy.error_response(proxy.unavailable())
     data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "rigshare",
              "context_length": m.context_length,
              "available": bool(snap.workers.get(m.name))}
