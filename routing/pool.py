@@ -31,7 +31,7 @@ from verification.models import VerifiedCapacity
 
 log = logging.getLogger(__name__)
 
-REFRESH_S = 1.0  # the issue asks for at least every 2 s
+REFRESH_S = 1.0  # a change reaches every router within 2 s
 MAX_AGE_S = 5.0  # older than this (the refresher died), a request rebuilds it first
 LOAD_TTL_S = 10  # a process that stops publishing its load is forgotten after this
 
