@@ -131,7 +131,7 @@ def assert_only(results, *kinds) -> None:
     assert odd == [], f"unexpected outcomes: {odd[:3]!r}"
 
 
-# 1. The proof ---------------------------------------------------------------------
+# 1. The proof: concurrent spenders never overdraw -------------------------------------------
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("billing_path")

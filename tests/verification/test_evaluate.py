@@ -162,7 +162,7 @@ def test_thresholds_live_in_one_place():
 
 
 def test_a_real_h200_at_600_tflops_is_not_flagged():
-    """The issue's own bar for a real H200 is >= 600 TFLOPS BF16 (61% of 989)."""
+    """A real H200 reaches >= 600 TFLOPS BF16 (61% of 989): it must pass."""
     probe = honest_probe(matmul={"best_tflops": 702}, bandwidth={"best_gbs": 4110})
     probe["facts"].update(compute_capability_cuda="9.0", sm_count=132,
                           memory_bus_width_bits=6144, pcie_gen_max=5)
