@@ -88,14 +88,13 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 
 REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
-    # The pool blocks for a connection rather than failing a burst, and checks idle ones
-    # (config/redis.py says why).
+    # The same pool as every Redis client of the platform (config/redis.py says why).
+    from config.redis import pool_options
+
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                           "LOCATION": REDIS_URL, "KEY_PREFIX": "rigshare",
                           "OPTIONS": {"pool_class": "redis.BlockingConnectionPool",
-                                      "max_connections": 256, "timeout": 2.0,
-                                      "health_check_interval": 10,
-                                      "socket_connect_timeout": 1.0, "socket_timeout": 2.0}}}
+                                      **pool_options()}}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 

@@ -434,13 +434,9 @@ def _hardware(cards, by_index, spec) -> predict.Hardware | None:
     probes = [by_index.get(card.index) or {} for card in cards]
     bandwidths = [(p.get("bandwidth") or {}).get("best_gbs") for p in probes]
     tflops = [(p.get("matmul") or {}).get("best_tflops") for p in probes]
-    reported = [card.memory_total_mib * 2**20 for card in cards if card.memory_total_mib]
-    measured_free = [(p.get("vram") or {}).get("free_bytes") for p in probes]
-    if all(measured_free):
-        # what the card really holds: a spoofed NVML size must not buy KV cache it lacks
-        reported = [min(r, f + predict.ACTIVATION_RESERVE_BYTES)
-                    for r, f in zip(reported or measured_free, measured_free, strict=False)]
-    vram = min(reported) if reported else (spec.memory_gb * 2**30 if spec else None)
+    memories = [_card_memory(card, probe) for card, probe in zip(cards, probes, strict=True)]
+    vram = min(memories) if memories and all(memories) else (
+        spec.memory_gb * 2**30 if spec else None)
     gens = [card.pcie_gen_max for card in cards]
     pcie = min(gens) if all(gens) else None
     if vram is None:
@@ -456,6 +452,16 @@ def _hardware(cards, by_index, spec) -> predict.Hardware | None:
     return predict.hardware_from_spec(cards=len(cards), spec_bandwidth_gbs=spec.bandwidth_gbs,
                                       vram_bytes=vram, spec_tflops=spec.bf16_tflops,
                                       pcie_gen=pcie, unified_memory=spec.unified_memory)
+
+
+def _card_memory(card: Card, probe: dict) -> float | None:
+    """What a card holds: what it reports, never more than its VRAM test could allocate (a
+    spoofed NVML size must not buy KV cache the card lacks)."""
+    sizes = [card.memory_total_mib * 2**20] if card.memory_total_mib else []
+    free = (probe.get("vram") or {}).get("free_bytes")
+    if free:
+        sizes.append(free + predict.ACTIVATION_RESERVE_BYTES)
+    return min(sizes) if sizes else None
 
 
 def run_publish(*, run_id: int) -> bool:
