@@ -25,7 +25,7 @@ from billing import ledger, pricing, ratelimit
 from billing.keys import KeyInfo
 from billing.models import Account, Charge, Hold, KeySpend, ModelPrice, Transfer
 
-HOLD_TTL = timedelta(hours=2)  # longer than any request may run; then the hold is released
+HOLD_TTL = timedelta(hours=2)  # longer than any request may run; then billing.usage closes it
 SQL_FUNCTIONS = True  # on PostgreSQL, reserve and settle through the database functions
 
 
@@ -323,14 +323,6 @@ def release(*, request_id: str, expired: bool = False, now: datetime | None = No
         hold.closed_at = now
         hold.save(update_fields=["status", "closed_at"])
     return True
-
-
-def holds_expire(*, now: datetime | None = None) -> int:
-    """Release holds whose request never settled (a crashed server, a lost connection)."""
-    now = now or timezone.now()
-    due = list(Hold.objects.filter(status=Hold.Status.PENDING, expires_at__lte=now)
-               .values_list("request_id", flat=True)[:1000])
-    return sum(release(request_id=r, expired=True, now=now) for r in due)
 
 
 def _charge_info(charge: Charge) -> ChargeInfo:

@@ -4,14 +4,19 @@ import logging
 
 from celery import shared_task
 
-from billing import metering, selectors
+from billing import selectors, usage
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True)
 def holds_expire() -> int:
-    return metering.holds_expire()
+    return usage.holds_expire()
+
+
+@shared_task(acks_late=True)
+def usage_drain() -> int:
+    return usage.drain()
 
 
 @shared_task(acks_late=True)

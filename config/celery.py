@@ -17,6 +17,7 @@ app.conf.beat_schedule = {
     "rentals-end-due": {"task": "marketplace.tasks.rentals_end_due", "schedule": 15.0},
     "rentals-charge": {"task": "marketplace.tasks.rentals_charge", "schedule": 30.0},
     "holds-expire": {"task": "billing.tasks.holds_expire", "schedule": 60.0},
+    "usage-drain": {"task": "billing.tasks.usage_drain", "schedule": 5.0},
     "ledger-check": {"task": "billing.tasks.ledger_check", "schedule": 3600.0},
     "verification-advance": {"task": "verification.tasks.verification_advance",
                              "schedule": 5.0},

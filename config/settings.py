@@ -189,6 +189,10 @@ RIGSHARE_METRICS_TOKEN = env_str("RIGSHARE_METRICS_TOKEN", "")
 RIGSHARE_PLATFORM_FEE_BPS = env_int("RIGSHARE_PLATFORM_FEE_BPS", 1500, minimum=0)
 if RIGSHARE_PLATFORM_FEE_BPS > 10_000:
     raise ImproperlyConfigured("RIGSHARE_PLATFORM_FEE_BPS must be at most 10000 (100%).")
+# Where a server keeps delivered usage that Redis could not take (billing/usage.py): on the
+# server's own disk, moved back to Redis when it answers again.
+RIGSHARE_USAGE_SPOOL_DIR = env_str("RIGSHARE_USAGE_SPOOL_DIR",
+                                   str(BASE_DIR / "var" / "spool" / "usage"))
 RIGSHARE_MIN_PAYOUT_MICROS = env_int("RIGSHARE_MIN_PAYOUT_MICROS", 10_000_000, minimum=1)
 # The test-card gateway (demo and tests only) signs its own webhook events with this.
 RIGSHARE_PAYMENT_WEBHOOK_SECRET = env_str("RIGSHARE_PAYMENT_WEBHOOK_SECRET",

@@ -21,6 +21,7 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 
 from billing import metering
+from billing import usage as usage_journal
 from billing.keys import api_key_authenticate, api_key_cached
 from routing import calls, metrics, openai, placement, requestlog, upstream
 from routing.pool import INFLIGHT, POOL, PoolUnavailable
@@ -33,7 +34,6 @@ DEFAULT_MAX_TOKENS = 1024  # when the client sets no bound (the hold must have o
 ATTEMPTS = 2  # the first worker, then once the next one, before the first byte only
 BREAKER_FAILURES = 3  # consecutive failures that open a worker's circuit...
 BREAKER_OPEN_S = 15.0  # ...for this long; then one request may try it again
-SETTLE_RETRIES = (0.2, 1.0, 5.0, None)  # pauses between settle attempts (None: give up)
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n")
 # A chunk that carries text: a chat delta's content or a completion's text, not empty.
@@ -541,6 +541,9 @@ class _Relay:
         self.worker, self.hold, self.request, self.outcome = worker, hold, request, outcome
         self.ended = False  # no more events to send
         self.closed = False
+        self.checkpoint_at = -usage_journal.CHECKPOINT_S  # when usage was last recorded
+        self.checkpoint = None  # that record's write, while it runs
+        self.recorded = None  # the final usage, once the journal holds it
 
     def __aiter__(self):
         return self
@@ -552,12 +555,12 @@ class _Relay:
                 if not data:
                     self.ended = True
                     if not self.state.done:
-                        return self._failed(httpx.RemoteProtocolError(
+                        return await self._failed(httpx.RemoteProtocolError(
                             "the stream ended without [DONE]"))
                     break
             except httpx.HTTPError as exc:
                 self.ended = True
-                return self._failed(exc)
+                return await self._failed(exc)
             except BaseException:
                 await self.aclose()  # cancelled: the client left
                 raise
@@ -566,15 +569,43 @@ class _Relay:
                 if self.outcome.ttft_s is None:
                     self.outcome.ttft_s = time.perf_counter() - self.outcome.started
                     BREAKER.success(self.worker.deployment_id)
+                if self.state.done:  # the last event: its usage is kept before it leaves
+                    await self._record_final()
+                elif self.state.delivered:
+                    self._checkpoint()
                 return out
         await self.aclose()
         raise StopAsyncIteration
 
-    def _failed(self, exc: Exception) -> bytes:
+    def _checkpoint(self) -> None:
+        """Record the usage so far, at most every CHECKPOINT_S, without waiting for it: a
+        server that dies mid-stream leaves what it had delivered to bill."""
+        now = time.monotonic()
+        if self.hold is None or now - self.checkpoint_at < usage_journal.CHECKPOINT_S or (
+                self.checkpoint is not None and not self.checkpoint.done()):
+            return
+        self.checkpoint_at = now
+        self.checkpoint = calls.journal(
+            usage_journal.record, hold=self.hold,
+            usage=_stream_usage(self.state, self.request, self.outcome, estimated=True),
+            worker=_metered(self.worker), final=False)
+
+    async def _record_final(self) -> None:
+        if self.hold is None or self.recorded is not None:
+            return
+        usage = _stream_usage(self.state, self.request, self.outcome)
+        if self.checkpoint is not None:  # a checkpoint must not land after the final record
+            await asyncio.wait([self.checkpoint])
+        await asyncio.shield(calls.journal(usage_journal.record, hold=self.hold, usage=usage,
+                                           worker=_metered(self.worker), final=True))
+        self.recorded = usage
+
+    async def _failed(self, exc: Exception) -> bytes:
         """After the first byte there is no retry: tell the client, bill what it got."""
         BREAKER.failure(self.worker.deployment_id)
         self.outcome.status, self.outcome.error_code = 502, "upstream_disconnected"
         log.warning("worker %s failed mid-stream: %s", self.worker.ref, exc)
+        await self._record_final()
         error = openai.error_body(
             f"The worker stopped mid-stream ({type(exc).__name__}); you are billed only for "
             "the tokens delivered.", type_="server_error", code="upstream_disconnected")
@@ -586,50 +617,59 @@ class _Relay:
         self.closed = True
         # Closing the engine's response drops its connection: the engine stops generating.
         _slot_free(self.worker)
-        _spawn(_finish_stream(self.resp, self.state, self.worker, self.hold, self.request,
-                              self.outcome))
+        _spawn(_finish_stream(self))
 
 
-async def _finish_stream(resp, state: _StreamState, worker, hold, request, outcome):
+def _stream_usage(state: _StreamState, request, outcome: Outcome,
+                  estimated: bool = False) -> metering.Usage:
+    if state.usage and outcome.status == 200 and not estimated:
+        return metering.Usage(int(state.usage.get("prompt_tokens") or 0),
+                              int(state.usage.get("completion_tokens") or 0))
+    # No usage numbers (the engine sends none, the stream was cut, or it still runs): the
+    # prompt as estimated and the content chunks delivered, marked estimated. Never 0.
+    prompt = int((state.usage or {}).get("prompt_tokens") or request.prompt_tokens)
+    return metering.Usage(prompt, state.delivered, estimated=True)
+
+
+async def _finish_stream(relay: _Relay) -> None:
     try:
-        await resp.aclose()
+        await relay.resp.aclose()
     except Exception:  # whatever closing the engine's side did, the stream is billed
-        log.exception("closing %s's stream failed", worker.ref)
-    if state.usage and outcome.status == 200:
-        usage = metering.Usage(int(state.usage.get("prompt_tokens") or 0),
-                               int(state.usage.get("completion_tokens") or 0))
-    else:
-        # No usage numbers (the engine sends none, or the stream was cut): the prompt as
-        # estimated and the content chunks delivered, marked estimated. Never 0.
-        prompt = int((state.usage or {}).get("prompt_tokens") or request.prompt_tokens)
-        usage = metering.Usage(prompt, state.delivered, estimated=True)
-    if outcome.status == 200 and not state.done:
+        log.exception("closing %s's stream failed", relay.worker.ref)
+    outcome = relay.outcome
+    usage = relay.recorded or _stream_usage(relay.state, relay.request, outcome)
+    if outcome.status == 200 and not relay.state.done:
         outcome.status, outcome.error_code = 499, "client_disconnected"
-    await _settle(hold, usage, worker, outcome, finish=True)
+    if relay.checkpoint is not None:
+        await asyncio.wait([relay.checkpoint])
+    await _settle(relay.hold, usage, relay.worker, outcome, finish=True,
+                  recorded=relay.recorded is not None)
+
+
+def _metered(worker: placement.Worker) -> metering.Worker:
+    return metering.Worker(worker.provider_id, worker.ref)
 
 
 async def _settle(hold, usage: metering.Usage, worker: placement.Worker, outcome: Outcome,
-                  finish: bool = False):
+                  finish: bool = False, recorded: bool = False):
+    """Bill the request. Its usage is in the journal first (billing/usage.py): if the
+    database cannot take the settle now, the journal's drain settles it when it can."""
     outcome.prompt_tokens, outcome.completion_tokens = usage.prompt_tokens, \
         usage.completion_tokens
     outcome.estimated = usage.estimated
-    for pause in SETTLE_RETRIES if hold is not None else ():  # None: the renter's own card
+    if hold is not None:  # None: the renter's own card, paid for by the rental
+        if not recorded:
+            await calls.journal(usage_journal.record, hold=hold, usage=usage,
+                                worker=_metered(worker), final=True)
         try:
-            await calls.run(metering.settle, hold=hold, usage=usage,
-                            worker=metering.Worker(worker.provider_id, worker.ref))
-            break
+            await calls.run(metering.settle, hold=hold, usage=usage, worker=_metered(worker))
+            await calls.journal(usage_journal.forget, hold.request_id)
         except metering.MeteringError:
             log.exception("settle refused for %s", hold.request_id)
-            break
+            await calls.journal(usage_journal.forget, hold.request_id)
         except Exception:
-            # The database away for a moment: settle is idempotent by request id, so try
-            # again. If it stays away, the hold expires into a release (the consumer is not
-            # charged twice, nor for nothing) and the loss is logged loudly.
-            if pause is None:
-                log.exception("settle failed for %s: its hold will expire unbilled",
-                              hold.request_id)
-                break
-            await asyncio.sleep(pause)
+            log.warning("settle of %s failed: its usage is in the journal, billed once the "
+                        "database answers", hold.request_id, exc_info=True)
     if finish:
         outcome.finish()
 

@@ -68,6 +68,16 @@ def _clear_cache():
 
 
 @pytest.fixture(autouse=True)
+def _usage_spool(settings, tmp_path):
+    """Each test's usage journal spools to a directory of its own."""
+    from billing import usage
+
+    settings.RIGSHARE_USAGE_SPOOL_DIR = str(tmp_path / "usage-spool")
+    usage._spool.maybe_full = True
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
     # PBKDF2's cost is the point in production and pure waiting in tests.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -13,7 +13,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from billing import keys, ledger, metering, ratelimit
 from billing.keys import KeyInfo, api_key_authenticate, api_key_create, api_key_revoke
-from billing.metering import MeteringError, Usage, Worker
+from billing.metering import MeteringError, Usage
 from billing.models import Account, Charge, Entry, Hold, KeySpend, ModelPrice, Transfer
 from billing.services import credits_grant
 
@@ -30,29 +30,12 @@ HOLD = 1_386
 COMPLETION, COST, FEE = 567, 526, 79
 
 
-@pytest.fixture(autouse=True)
-def _fee(settings):
-    settings.RIGSHARE_PLATFORM_FEE_BPS = 1500
-
-
 @pytest.fixture(params=["sql-functions", "python"])
 def billing_path(request, monkeypatch):
     """Each test runs on both paths of reserve and settle: one database function call each
     (PostgreSQL in production) and statement by statement (the path SQLite takes)."""
     monkeypatch.setattr(metering, "SQL_FUNCTIONS", request.param == "sql-functions")
     return request.param
-
-
-@pytest.fixture
-def price(db):
-    return ModelPrice.objects.create(model=MODEL, input_micros_per_mtok=IN_PER_MTOK,
-                                     output_micros_per_mtok=OUT_PER_MTOK,
-                                     effective_at=T0 - timedelta(days=1))
-
-
-@pytest.fixture
-def worker(bob):
-    return Worker(provider_id=bob.pk, reference="card:7")
 
 
 def grant(user, micros: int) -> None:
@@ -241,21 +224,6 @@ def test_settle_refuses_a_hold_that_does_not_match_and_moves_nothing(carol, mall
                         usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
     assert metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker,
                            now=T0).cost_micros == COST
-
-
-def test_holds_expire_releases_stale_holds_and_leaves_fresh_ones(carol, price):
-    grant(carol, 10_000)
-    key = key_for(carol)
-    reserve(key, "old", now=T0)
-    reserve(key, "fresh", now=T0 + timedelta(hours=1))
-    later = T0 + metering.HOLD_TTL + timedelta(seconds=1)
-    assert metering.holds_expire(now=later) == 1
-    old, fresh = Hold.objects.get(request_id="old"), Hold.objects.get(request_id="fresh")
-    assert (old.status, old.closed_at) == ("expired", later)
-    assert fresh.status == "pending"
-    assert bal(Account.Kind.WALLET, carol) == 10_000 - HOLD
-    assert bal(Account.Kind.HOLDS, carol) == HOLD
-    assert metering.holds_expire(now=later) == 0
 
 
 def test_zero_usage_is_released_not_charged(carol, price, worker):

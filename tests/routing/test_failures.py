@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from django.db import OperationalError
 
 from billing.models import Charge, Hold
 from fleetsim.server import ServerThread
@@ -278,26 +279,32 @@ def test_engine_refusing_the_request_itself_passes_its_error_and_bills_nothing(
     assert not proxy.BREAKER.failures  # the client's mistake is not the worker's failure
 
 
-def test_a_settle_that_fails_for_a_moment_is_tried_again(v1, engine, deploy, carol_key,
-                                                         monkeypatch, settled):
-    from billing import metering
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_settle_that_fails_leaves_the_usage_to_the_journal(v1, engine, deploy, carol_key,
+                                                             monkeypatch, settled, stream):
+    from billing import metering, usage
 
     real, failures = metering.settle, []
 
-    def flaky(**kwargs):
-        if not failures:
+    def away(**kwargs):  # on the first try and on a fresh connection
+        if len(failures) < 2:
             failures.append(1)
-            raise RuntimeError("database away for a moment")
+            raise OperationalError("the database is away")
         return real(**kwargs)
 
-    monkeypatch.setattr(metering, "settle", flaky)
+    monkeypatch.setattr(metering, "settle", away)
     deploy(engine())
-    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5})
+    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5,
+                                    "stream": stream})
     assert response.status_code == 200
     settled()
-    assert failures == [1]
+    assert failures == [1, 1] and Hold.objects.get().status == "pending"
+    request_id = response.headers["X-Request-Id"]
+    assert usage.recorded([request_id])[request_id].final
+    assert usage.drain() == 1  # the database answers again
     assert Charge.objects.get().completion_tokens == 5
     assert Hold.objects.get().status == "settled"
+    assert usage.recorded([request_id]) == {}
 
 
 @pytest.mark.parametrize("stream", [False, True])
