@@ -37,6 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("TEST_DATABASE_NAME", "bench_rigshare_billing")
+# Each client thread holds its connection for the whole run, as the proxy's metering threads
+# do: the process's pool must hold them all (and the main thread's).
+os.environ.setdefault("RIGSHARE_DB_POOL_SIZE", "40")
 
 import warnings  # noqa: E402
 

@@ -134,3 +134,27 @@ def gpu_specs(transactional_db):
     from verification.spec_data import seed_specs
 
     seed_specs(GpuSpec)
+
+
+@pytest.fixture
+def pg_gate():
+    """A gate in front of PostgreSQL for a deployment's processes (tests/deployment.py)."""
+    from tests.deployment import PgGate
+
+    gate = PgGate()
+    gate.open()
+    yield gate
+    gate.cut()
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A redis-server of the test's own that persists every write, as production's must."""
+    from tests.deployment import PrivateRedis
+
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    redis = PrivateRedis(directory)
+    redis.start()
+    yield redis
+    redis.stop()

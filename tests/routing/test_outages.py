@@ -4,9 +4,6 @@ recovers when it is back; a failure /v1 cannot get around is a 503 in OpenAI's s
 Retry-After; the site's pages and REST API answer a database outage with a 503 too."""
 
 import asyncio
-import signal
-import socket
-import subprocess
 import time
 
 import pytest
@@ -16,42 +13,11 @@ from billing import keys, metering, ratelimit
 from billing.models import Charge
 from config import redis as config_redis
 from routing import pool as routing_pool
+from tests.deployment import PrivateRedis
 from tests.routing.conftest import MODEL
 from tests.routing.test_api import CHAT, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class PrivateRedis:
-    """A redis-server of the test's own, to kill and start again on the same port."""
-
-    def __init__(self):
-        self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process = None
-
-    def start(self):
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self):
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
 
 
 def _use_redis(settings, url: str) -> None:
