@@ -1,13 +1,17 @@
 """Enrol, heartbeat and job results: thin views that call each app's services in turn."""
 
+import json
+
 from django.conf import settings
 from django.db import transaction
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, permissions, serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.secrets import secret_prefix
 from agentapi.authentication import IsNode, NodeCredentialAuthentication
+from marketplace import heartbeat_fast
 from marketplace import services as marketplace
 from marketplace.serializers import (
     MAX_HEARTBEAT_BYTES,
@@ -50,7 +54,8 @@ class AgentEnroll(APIView):
     authentication_classes: list = []
     permission_classes = [permissions.AllowAny]
 
-    @extend_schema(request=EnrollSerializer, responses={201: EnrollResponseSerializer})
+    @extend_schema(request=EnrollSerializer, responses={201: EnrollResponseSerializer, 401: (
+        OpenApiResponse(description="The enrolment token is unknown, used, expired or revoked."))})
     def post(self, request):
         if (refusal := _too_big(request, MAX_HEARTBEAT_BYTES)) is not None:
             return refusal
@@ -66,11 +71,20 @@ class AgentEnroll(APIView):
 
 
 class AgentHeartbeat(AgentView):
+    def initial(self, request, *args, **kwargs):
+        # Read before the credential is checked, and so before anything the answer depends on:
+        # a forget that lands after this read voids the fast-path entry this request leaves.
+        if request.method == "POST":
+            self.fast_generation = heartbeat_fast.generation(
+                secret_prefix(_bearer(request), "rsn"))
+        super().initial(request, *args, **kwargs)
+
     @extend_schema(request=HeartbeatSerializer, responses=HeartbeatResponseSerializer)
     def post(self, request):
         node = request.auth
         if (refusal := _too_big(request, MAX_HEARTBEAT_BYTES)) is not None:
             return refusal
+        report = request.body
         serializer = HeartbeatSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         result = marketplace.node_heartbeat_record(node_id=node.pk,
@@ -84,10 +98,23 @@ class AgentHeartbeat(AgentView):
             # Its UUID finding, and its verdict, follow the conflict at once, run or no run.
             verification.node_rejudge(node_id=node.pk)
         routing.deployments_sync(node_id=node.pk)
-        return Response({"node_id": node.pk, "status": result.node.status,
-                         "needs_review": result.node.held_out,
-                         "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
-                         "jobs": verification.jobs_for_node(node.pk)})
+        answer = {"node_id": node.pk, "status": result.node.status,
+                  "needs_review": result.node.held_out,
+                  "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
+                  "jobs": verification.jobs_for_node(node.pk)}
+        if (not answer["jobs"] and result.node.is_online and not result.first_report
+                and not result.hardware_changed and not result.uuid_conflicts_changed):
+            # A repeat of this report gets this answer again: the ASGI front may give it
+            # (agentapi.asgi) until something forgets it (services.node_heartbeat_forget).
+            body = json.dumps(answer, separators=(",", ":")).encode()
+            transaction.on_commit(lambda: marketplace.node_heartbeat_remember(
+                node=node, generation=self.fast_generation, report=report, answer=body))
+        return Response(answer)
+
+
+def _bearer(request) -> str:
+    scheme, _, credential = request.headers.get("Authorization", "").partition(" ")
+    return credential.strip() if scheme == NodeCredentialAuthentication.keyword else ""
 
 
 class JobResultSerializer(serializers.Serializer):
@@ -98,7 +125,10 @@ class JobResultSerializer(serializers.Serializer):
 
 
 class AgentJobResult(AgentView):
-    @extend_schema(request=JobResultSerializer, responses={200: None})
+    @extend_schema(request=JobResultSerializer, responses={
+        200: inline_serializer("JobResultStored", {"status": serializers.CharField()}),
+        404: OpenApiResponse(description="No such job for this node."),
+        409: OpenApiResponse(description="This job was answered already.")})
     def post(self, request, job_id: int):
         if len(request.body) > MAX_RESULT_BYTES:
             return Response({"body": ["The result is over 1 MB."]}, status=400)

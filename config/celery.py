@@ -12,6 +12,7 @@ app.autodiscover_tasks()
 # entries in-process where there is no broker (the demo).
 app.conf.beat_schedule = {
     "nodes-mark-offline": {"task": "marketplace.tasks.nodes_mark_offline", "schedule": 5.0},
+    "heartbeats-flush": {"task": "marketplace.tasks.heartbeats_flush", "schedule": 5.0},
     "nodes-refresh-reliability": {
         "task": "marketplace.tasks.nodes_refresh_reliability", "schedule": 60.0},
     "rentals-end-due": {"task": "marketplace.tasks.rentals_end_due", "schedule": 15.0},

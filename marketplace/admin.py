@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from marketplace import services
 from marketplace.models import (
     Card,
     EnrolmentToken,
@@ -39,6 +40,20 @@ class NodeAdmin(admin.ModelAdmin):
                        "engine_error", "hardware_changed_at", "status", "status_changed_at",
                        "last_heartbeat_at", "reliability_pct", "created_at", "uuid_conflict")
     inlines = [CardInline]
+
+    # A hold put or lifted, or a node deleted, changes what its agent's next heartbeat is told.
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and "needs_review" in form.changed_data:
+            services.node_heartbeat_forget(node_ids=[obj.pk])
+
+    def delete_model(self, request, obj):
+        services.node_heartbeat_forget(node_ids=[obj.pk])
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        services.node_heartbeat_forget(node_ids=list(queryset.values_list("pk", flat=True)))
+        super().delete_queryset(request, queryset)
 
 
 @admin.register(UuidConflict)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -14,7 +14,8 @@ from accounts.secrets import secret_issue, secret_matches, secret_prefix
 from billing import pricing
 from billing import services as billing
 from billing.selectors import wallet_balance
-from marketplace import engine_address, uptime
+from config.redis import REDIS_ERRORS
+from marketplace import engine_address, heartbeat_fast, uptime
 from marketplace.models import (
     Card,
     EnrolmentToken,
@@ -141,6 +142,9 @@ def node_revoke(*, owner: User, node_id: int) -> bool:
         if revoked:
             Listing.objects.filter(card__node_id=node_id).update(is_listed=False)
             NodeStatusChange.objects.create(node_id=node_id, status=Node.Status.OFFLINE)
+            # Its agent is refused from its next heartbeat on, and the nodes it held a GPU UUID
+            # against are judged again at theirs.
+            node_heartbeat_forget(node_ids=[node_id, *_held_against(node_id)])
     return bool(revoked)
 
 
@@ -264,9 +268,130 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
         NodeUptimeHour.objects.create(node=node, hour=hour, heartbeats=1)
     nodes_refresh_reliability(node_ids=[node.pk], now=now)
     conflicts_changed = uuid_conflicts_refresh(node=node, now=now)
+    if changed or first_report or not was_online:
+        # This node's GPUs changed, or it is back and holds its UUIDs again: the nodes sharing
+        # a UUID with it are judged again at their next heartbeat, not from a repeated answer.
+        node_heartbeat_forget(node_ids=_uuid_neighbours(node))
     node.refresh_from_db(fields=["reliability_pct", "uuid_conflict"])
     return HeartbeatResult(node=node, hardware_changed=changed, first_report=first_report,
                            uuid_conflicts_changed=conflicts_changed)
+
+
+# --- the heartbeat fast path (heartbeat_fast: a repeated report answered from Redis) ---
+
+def node_heartbeat_remember(*, node: Node, generation: str | None, report: bytes,
+                            answer: bytes) -> bool:
+    """After a full heartbeat whose answer a repeat of the same report would get again: let
+    the fast path answer those repeats with `answer` until the entry expires or is forgotten.
+    `generation` is heartbeat_fast.generation() read before anything the answer depends on."""
+    if generation is None:
+        return False
+    return heartbeat_fast.remember(prefix=node.credential_prefix, generation=generation,
+                                   node_id=node.pk, credential_digest=node.credential_digest,
+                                   body=report, answer=answer)
+
+
+def node_heartbeat_forget(*, node_ids) -> None:
+    """The answer these nodes' agents get may change (revoked, marked offline, a job queued, a
+    hold put or lifted, a GPU UUID conflict opening or closing): their next heartbeat takes
+    the full path. Call it wherever such a change is written; it acts once the transaction
+    commits (at once outside one), so a heartbeat that reads the old state meanwhile cannot
+    store it again."""
+    node_ids = list(node_ids)
+    if node_ids and heartbeat_fast.enabled():
+        # Read now: a node being deleted is gone by then.
+        prefixes = list(Node.objects.filter(pk__in=node_ids)
+                        .values_list("credential_prefix", flat=True))
+        transaction.on_commit(lambda: heartbeat_fast.forget(prefixes))
+
+
+def _held_against(node_id: int) -> list[int]:
+    """Nodes kept out because this one holds a GPU UUID they report."""
+    return list(UuidConflict.objects.filter(incumbent_id=node_id, closed_at__isnull=True)
+                .values_list("node_id", flat=True))
+
+
+def _uuid_neighbours(node: Node) -> set[int]:
+    """Nodes whose UUID verdict may follow this node's GPUs: those it holds a UUID against,
+    and those reporting a UUID it reports."""
+    uuids = list(node.cards.filter(present=True).exclude(uuid="").values_list("uuid", flat=True))
+    sharing = (Card.objects.filter(uuid__in=uuids, present=True).exclude(node=node)
+               .values_list("node_id", flat=True)) if uuids else []
+    return set(_held_against(node.pk)) | set(sharing)
+
+
+def heartbeats_flush() -> int:
+    """Move the heartbeats the fast path counted in Redis into PostgreSQL: each node's latest
+    one into Node.last_heartbeat_at (never moving it back) and the hourly counts into
+    NodeUptimeHour (added), in one transaction. Returns the nodes moved.
+
+    Redis hands them over in one atomic step (heartbeat_fast.take), so a heartbeat counted
+    meanwhile waits for the next flush and two flushes never take the same one; a flush that
+    fails to store them gives them back. A node whose row a full heartbeat holds is not waited
+    for (a flush waiting on one row would hold up the heartbeats of every row it has locked):
+    its share goes back to Redis for the next flush. A node deleted meanwhile is dropped."""
+    if not heartbeat_fast.enabled():
+        return 0
+    try:
+        times, counts = heartbeat_fast.take()
+    except REDIS_ERRORS:
+        log.warning("heartbeat flush: Redis is away; nothing to move")
+        return 0
+    if not times and not counts:
+        return 0
+    node_ids = sorted(set(times) | {node_id for node_id, _ in counts})
+    node_table, hour_table = Node._meta.db_table, NodeUptimeHour._meta.db_table
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {node_table} WHERE id = ANY(%s::bigint[])"
+                           " ORDER BY id FOR NO KEY UPDATE SKIP LOCKED", [node_ids])
+            held = {row[0] for row in cursor.fetchall()}
+            cursor.execute(f"SELECT id FROM {node_table} WHERE id = ANY(%s::bigint[])",
+                           [[n for n in node_ids if n not in held]])
+            busy = {row[0] for row in cursor.fetchall()}
+            now_times = {n: at for n, at in times.items() if n in held}
+            now_counts = {key: c for key, c in counts.items() if key[0] in held}
+            if now_times:
+                cursor.execute(
+                    f"""UPDATE {node_table} AS n SET last_heartbeat_at = v.at
+                        FROM (SELECT id, to_timestamp(unix) AS at
+                              FROM unnest(%s::bigint[], %s::double precision[]) AS t(id, unix)
+                             ) AS v
+                        WHERE n.id = v.id
+                          AND (n.last_heartbeat_at IS NULL OR n.last_heartbeat_at < v.at)""",
+                    [list(now_times), list(now_times.values())])
+            if now_counts:
+                cursor.execute(
+                    f"""INSERT INTO {hour_table} (node_id, hour, heartbeats)
+                        SELECT node_id, to_timestamp(hour), n
+                        FROM unnest(%s::bigint[], %s::bigint[], %s::integer[])
+                             AS c(node_id, hour, n)
+                        ON CONFLICT (node_id, hour)
+                        DO UPDATE SET heartbeats = {hour_table}.heartbeats + EXCLUDED.heartbeats""",
+                    [[n for n, _ in now_counts], [h for _, h in now_counts],
+                     list(now_counts.values())])
+    except BaseException:
+        _heartbeats_give_back(times, counts, "PostgreSQL failed to store them")
+        raise
+    # A node revoked or marked offline while Redis was away kept its entry (the forget could
+    # not reach Redis): its agent must get the full path's answer from its next heartbeat on.
+    stale = list(Node.objects.filter(pk__in=held).filter(
+        Q(credential_revoked_at__isnull=False) | ~Q(status=Node.Status.ONLINE))
+        .values_list("pk", flat=True))
+    node_heartbeat_forget(node_ids=stale)
+    if busy:
+        _heartbeats_give_back({n: at for n, at in times.items() if n in busy},
+                              {key: c for key, c in counts.items() if key[0] in busy},
+                              "their nodes' rows were busy")
+    return len(held)
+
+
+def _heartbeats_give_back(times: dict, counts: dict, why: str) -> None:
+    try:
+        heartbeat_fast.give_back(times, counts)
+    except REDIS_ERRORS:
+        log.error("heartbeat flush: the fast heartbeats of %d nodes are lost (%s, then Redis "
+                  "could not take them back)", len(set(times) | {n for n, _ in counts}), why)
 
 
 # --- GPU identity ---
@@ -322,7 +447,9 @@ def uuid_conflicts_refresh(*, node: Node, now: datetime | None = None) -> bool:
 
 
 def nodes_mark_offline(*, now: datetime | None = None) -> list[int]:
-    """Mark offline every online node that missed its last N heartbeats."""
+    """Mark offline every online node that missed its last N heartbeats, counting those the
+    fast path has not flushed yet."""
+    heartbeats_flush()
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.RIGSHARE_HEARTBEAT_INTERVAL_S
                              * settings.RIGSHARE_OFFLINE_AFTER_MISSED)
@@ -337,6 +464,7 @@ def nodes_mark_offline(*, now: datetime | None = None) -> list[int]:
                 NodeStatusChange.objects.create(node_id=node_id, status=Node.Status.OFFLINE,
                                                 at=now)
                 marked.append(node_id)
+    node_heartbeat_forget(node_ids=marked)  # back online only through a full heartbeat
     return marked
 
 

@@ -23,3 +23,8 @@ def rentals_end_due() -> int:
 @shared_task(acks_late=True)
 def rentals_charge() -> int:
     return services.rentals_charge()
+
+
+@shared_task(acks_late=True)
+def heartbeats_flush() -> int:
+    return services.heartbeats_flush()

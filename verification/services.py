@@ -68,6 +68,8 @@ def run_start(*, node_id: int, trigger: str, now: datetime | None = None) -> Ver
                 updated_at=now, step_detail="waiting for the machine to run its probes")
             ProbeJob.objects.create(run=run, node_id=node_id, params=dict(PROBE_PARAMS),
                                     created_at=now)
+            # The job reaches the agent with its next heartbeat, not after a repeated answer.
+            marketplace.node_heartbeat_forget(node_ids=[node_id])
     except IntegrityError:  # another start won the race: one active run per node
         return active.get()
     return run
