@@ -1,8 +1,11 @@
 import logging
 import sys
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpResponse, JsonResponse
+from django.views import defaults
 
 from config.redis import REDIS_ERRORS
 
@@ -43,3 +46,27 @@ def server_error(request):
     if outage:
         response["Retry-After"] = str(RETRY_AFTER_S)
     return response
+
+
+def bad_request(request, exception):
+    """Django's 400 handler, for a request Django refuses before a view can answer. Under
+    /api/ it answers in the REST API's JSON: a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a 413,
+    too many form fields or files a 400. Elsewhere Django's page."""
+    if not request.path.startswith("/api/"):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, RequestDataTooBig):
+        limit_mb = settings.DATA_UPLOAD_MAX_MEMORY_SIZE / (1024 * 1024)
+        return JsonResponse({"detail": f"The body is over the limit of {limit_mb:g} MB."},
+                            status=413)
+    detail = ("The body has too many fields or files."
+              if isinstance(exception, TooManyFieldsSent | TooManyFilesSent)
+              else "The request could not be read.")
+    return JsonResponse({"detail": detail}, status=400)
+
+
+def not_found(request, exception):
+    """Django's 404 handler: a URL under /api/ that no route matches (`/api/nodes/abc/`)
+    answers in the REST API's JSON, as DRF's own 404s do; elsewhere Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return defaults.page_not_found(request, exception)

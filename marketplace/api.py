@@ -1,14 +1,20 @@
 """REST API (DRF): catalog, rentals, a provider's nodes, listings and enrolment tokens. Each view
 sees only what its user owns. The node agent's protocol is agentapi's."""
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import generics, mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from marketplace import selectors, services
-from marketplace.filters import CatalogFilterForm
+from marketplace.filters import SORTS, CatalogFilterForm
 from marketplace.models import EnrolmentToken, Listing, Node, Rental
 from marketplace.serializers import (
     CatalogCardSerializer,
@@ -19,6 +25,24 @@ from marketplace.serializers import (
 )
 
 
+def _query(name, type_, description, **kwargs):
+    return OpenApiParameter(name, type_, OpenApiParameter.QUERY, description=description, **kwargs)
+
+
+@extend_schema_view(get=extend_schema(
+    parameters=[
+        _query("gpu", str, "This GPU model only (its full name, any case)."),
+        _query("min_vram_gb", int, "At least this much VRAM (GB)."),
+        _query("max_price", OpenApiTypes.DECIMAL, "At most this price per hour (USD)."),
+        _query("min_reliability", OpenApiTypes.DECIMAL, "At least this uptime (%, 0-100)."),
+        _query("region", str, "This region only (any case)."),
+        _query("verified", str, "`1`: verified cards only.", enum=["", "1"]),
+        _query("sort", str, "The order; by price if not given.", enum=["", *SORTS]),
+    ],
+    responses={200: CatalogCardSerializer(many=True), 400: OpenApiResponse(
+        description="A filter is invalid or unknown: the errors by filter, each a list of "
+                    "`{message, code}`.")},
+))
 class CatalogCardList(generics.ListAPIView):
     """Cards for rent, with the catalog page's filters (`gpu`, `min_vram_gb`, `max_price`,
     `min_reliability`, `region`, `verified=1`, `sort`)."""

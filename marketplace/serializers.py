@@ -203,12 +203,15 @@ class RentalSerializer(serializers.ModelSerializer):
     price_per_hour_usd = UsdField(source="price_per_hour_micros", read_only=True)
     elapsed_seconds = serializers.SerializerMethodField()
     gpu_model = serializers.CharField(source="card.name", read_only=True)
+    # "" while the rental runs: declared here, as a read-only model field would lose its blank.
+    stop_reason = serializers.ChoiceField(choices=Rental.StopReason.choices, allow_blank=True,
+                                          read_only=True)
 
     class Meta:
         model = Rental
         fields = ["id", "card", "gpu_model", "hours", "price_per_hour_usd", "started_at",
                   "ends_at", "stopped_at", "stop_reason", "elapsed_seconds"]
-        read_only_fields = ["started_at", "ends_at", "stopped_at", "stop_reason"]
+        read_only_fields = ["started_at", "ends_at", "stopped_at"]
 
     def get_elapsed_seconds(self, obj) -> int:
         return obj.elapsed_seconds()
