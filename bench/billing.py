@@ -53,6 +53,7 @@ from django.db import connection, connections  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from accounts.models import User  # noqa: E402
+from bench import procfs  # noqa: E402
 from billing import metering  # noqa: E402
 from billing.keys import KeyInfo, api_key_create  # noqa: E402
 from billing.metering import MeteringError, Usage, Worker  # noqa: E402
@@ -207,13 +208,6 @@ def _cpu_by_process(db_name: str) -> dict[int, tuple[str, float, int]]:
     return found
 
 
-def _machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (not idle, not waiting on I/O) since boot."""
-    with open("/proc/stat") as f:
-        cpu = [int(x) for x in f.readline().split()[1:]]
-    return (sum(cpu[:8]) - cpu[3] - cpu[4]) / os.sysconf("SC_CLK_TCK")
-
-
 class CpuWindow:
     """Where the cores went in the measured window, sampled every 0.5 s from a side thread,
     so that a process that exits meanwhile (a client's backend, an autovacuum worker) keeps
@@ -229,7 +223,7 @@ class CpuWindow:
         time.sleep(max(0, self.measure_from - time.time()))
         with open("/proc/uptime") as f:
             start_tick = float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK")
-        busy_first = _machine_busy_s()
+        busy_first = procfs.machine_busy_s()
         first = {pid: used for pid, (_, used, _) in _cpu_by_process(self.db_name).items()}
         last: dict[int, tuple[str, float]] = {}
         while True:
@@ -240,7 +234,7 @@ class CpuWindow:
             if time.time() >= self.until:
                 break
             time.sleep(min(0.5, max(0, self.until - time.time())))
-        busy_last = _machine_busy_s()
+        busy_last = procfs.machine_busy_s()
         span = self.until - self.measure_from
         self.usage = dict.fromkeys(("pg_ours", "pg_other", "python"), 0.0)
         for pid, (kind, used) in last.items():

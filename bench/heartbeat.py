@@ -76,6 +76,7 @@ from django.db.models import Sum  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from accounts.models import User  # noqa: E402
+from bench import procfs  # noqa: E402
 from config.redis import redis_client  # noqa: E402
 from marketplace import heartbeat_fast, services  # noqa: E402
 from marketplace.models import NodeUptimeHour  # noqa: E402
@@ -218,56 +219,15 @@ def run_load(url: str, nodes: list[Node], load: str, args, start_at: float,
 
 # --- CPU: which process used the cores ---
 
-def _cpu_s(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
-
-
-def _pids_of(prefix: bytes, needle: bytes = b"") -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if cmd.startswith(prefix) and needle in cmd:
-                found.append(int(entry))
-    return found
-
-
-def _machine_busy_s() -> float:
-    with open("/proc/stat") as f:
-        cpu = [int(x) for x in f.readline().split()[1:]]
-    return (sum(cpu[:8]) - cpu[3] - cpu[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_sample(server_pid: int, db_name: str) -> dict:
     """CPU seconds so far of the server (uvicorn's workers), the benchmark database's
     PostgreSQL backends, redis-server, and the whole machine (clients: the rest of ours)."""
-    workers = _children(server_pid)
-    return {"server": {p: _cpu_s(p) for p in [server_pid, *workers]},
-            "pg": {p: _cpu_s(p) for p in _pids_of(b"postgres", f" {db_name} ".encode())},
-            "redis": {p: _cpu_s(p) for p in _pids_of(b"redis-server")},
-            "machine": _machine_busy_s()}
+    workers = procfs.children(server_pid)
+    return {"server": {p: procfs.cpu_s(p) for p in [server_pid, *workers]},
+            "pg": {p: procfs.cpu_s(p)
+                   for p in procfs.pids_of(b"postgres", f" {db_name} ".encode())},
+            "redis": {p: procfs.cpu_s(p) for p in procfs.pids_of(b"redis-server")},
+            "machine": procfs.machine_busy_s()}
 
 
 def cpu_spent(before: dict, after: dict) -> dict:

@@ -70,6 +70,7 @@ from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from accounts.models import User  # noqa: E402
+from bench import procfs  # noqa: E402
 from billing.keys import api_key_create  # noqa: E402
 from billing.models import Charge, ModelPrice  # noqa: E402
 from billing.selectors import ledger_problems  # noqa: E402
@@ -253,38 +254,6 @@ def new_client(kind: str) -> httpx.AsyncClient:
 
 # --- CPU: which process used the cores ---
 
-def _cpu_s(pid: int, thread: int | None = None) -> float:
-    """CPU seconds a process (or one of its threads) has used, user + system, from
-    /proc/<pid>/stat; 0 once gone."""
-    try:
-        with open(f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (not idle, not waiting on I/O) since boot."""
-    with open("/proc/stat") as f:
-        cpu = [int(x) for x in f.readline().split()[1:]]
-    return (sum(cpu[:8]) - cpu[3] - cpu[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _pids_of(prefix: bytes, needle: bytes = b"") -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if cmd.startswith(prefix) and needle in cmd:
-                found.append(int(entry))
-    return found
-
-
 KINDS = ("client", "engine", "proxy", "pg", "redis", "other")
 
 
@@ -294,16 +263,17 @@ class CpuWatch:
 
     def __init__(self, engine_pid: int, proxy_pid: int, db_name: str):
         self.pids = {"client": [os.getpid()], "engine": [engine_pid], "proxy": [proxy_pid],
-                     "redis": _pids_of(b"redis-server")}
+                     "redis": procfs.pids_of(b"redis-server")}
         self.db_name = db_name.encode()
 
     def sample(self) -> dict:
-        used = {kind: sum(_cpu_s(p) for p in pids) for kind, pids in self.pids.items()}
+        used = {kind: sum(procfs.cpu_s(p) for p in pids) for kind, pids in self.pids.items()}
         # The proxy's main thread is its event loop; the rest are its database threads and
         # asgiref's (sync middleware, signal handlers).
-        used["proxy loop"] = _cpu_s(self.pids["proxy"][0], self.pids["proxy"][0])
-        used["pg"] = {p: _cpu_s(p) for p in _pids_of(b"postgres", b" " + self.db_name + b" ")}
-        used["machine"] = _machine_busy_s()
+        used["proxy loop"] = procfs.cpu_s(self.pids["proxy"][0], self.pids["proxy"][0])
+        used["pg"] = {p: procfs.cpu_s(p)
+                      for p in procfs.pids_of(b"postgres", b" " + self.db_name + b" ")}
+        used["machine"] = procfs.machine_busy_s()
         return used
 
     def since(self, before: dict) -> dict:

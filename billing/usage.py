@@ -109,7 +109,8 @@ def recorded(request_ids: list[str]) -> dict[str, Record]:
     caller must then assume usage may exist."""
     found: dict[str, Record] = {}
     if settings.REDIS_URL and request_ids:
-        for request_id, text in zip(request_ids, redis_client().hmget(KEY, request_ids), strict=True):
+        texts = redis_client().hmget(KEY, request_ids)
+        for request_id, text in zip(request_ids, texts, strict=True):
             if text is not None:
                 found[request_id] = Record.loads(text)
     for request_id in request_ids:

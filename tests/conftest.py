@@ -158,3 +158,19 @@ def redis_server(tmp_path):
     redis.start()
     yield redis
     redis.stop()
+
+
+@pytest.fixture(scope="session")
+def server_threads_closed(django_db_setup, django_db_blocker):
+    """An in-process server's threads (the proxy's database threads, routing.calls, and those
+    Django's handler served pages in) keep connections open: close them before the test
+    database is dropped."""
+    yield
+    from django.db import connection
+
+    from routing import calls
+
+    calls.close_connections()
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                       " WHERE datname = current_database() AND pid <> pg_backend_pid()")

@@ -37,19 +37,7 @@ def report(**overrides):
 
 
 @pytest.fixture(scope="session")
-def _server_threads_closed(django_db_setup, django_db_blocker):
-    """The server's Django threads keep database connections open: close them before the test
-    database is dropped."""
-    yield
-    from django.db import connection
-
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                       " WHERE datname = current_database() AND pid <> pg_backend_pid()")
-
-
-@pytest.fixture(scope="session")
-def platform(_server_threads_closed):
+def platform(server_threads_closed):
     from config.asgi import application
 
     with ServerThread(application) as server:

@@ -26,22 +26,12 @@ TIME_SCALE = 40  # fleetsim engines run this many times faster than the cards
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _database_threads_closed(django_db_setup, django_db_blocker):
-    """The proxy's database threads (routing.calls), and the threads Django's handler served
-    pages in, keep connections open: close them before the test database is dropped."""
-    yield
-    from django.db import connection
-
-    from routing import calls
-
-    calls.close_connections()
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                       " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+def _threads_closed(server_threads_closed):
+    """Every routing test's server threads are closed before the database is dropped."""
 
 
 @pytest.fixture(scope="session")
-def rigshare_server(_database_threads_closed):
+def rigshare_server(server_threads_closed):
     from config.asgi import application
 
     with ServerThread(application) as server:

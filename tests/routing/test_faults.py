@@ -116,9 +116,8 @@ def _settled(timeout: float = 40.0) -> None:
         time.sleep(0.25)
 
 
-def _check_money(results: list[Result]) -> int:
-    """Every completed stream charged once at its usage; the ledger balanced. Returns the
-    number of completed streams."""
+def _check_money(results: list[Result]) -> None:
+    """Every completed stream charged once at its usage; the ledger balanced."""
     completed = [r for r in results if r.status == 200 and r.done and r.usage]
     charges = {c.request_id: c for c in Charge.objects.all()}
     for result in completed:
@@ -129,7 +128,6 @@ def _check_money(results: list[Result]) -> int:
         assert not charge.estimated
     assert Charge.objects.count() == len(charges)  # one per request id
     assert ledger_problems() == []
-    return len(completed)
 
 
 def _check_answers(results: list[Result]) -> collections.Counter:
@@ -149,28 +147,38 @@ def _recovery_s(results: list[Result], back_at: float) -> float:
     return min(ok) - back_at
 
 
-def test_postgresql_cut_under_streaming_load(deployment, pg_gate, engine, deploy, carol_key):
-    deploy(engine(time_scale=2))
+def _outage(deployment, key: str, seconds: float, down, up, down_for: float):
+    """Streaming load for `seconds`; 2.5 s in, `down()`, then `up()` `down_for` s later. Checks
+    what the clients saw and the money; returns the results, the status counts, the seconds
+    from `up()` to the first success, and the streams that ended while the service was down."""
     times = {}
 
     def fault():
         time.sleep(2.5)
-        pg_gate.cut()
-        times["cut"] = time.monotonic()
-        time.sleep(8)  # longer than any settle retry: only the journal can bill these
-        pg_gate.open()
-        times["back"] = time.monotonic()
+        down()
+        times["down"] = time.monotonic()
+        time.sleep(down_for)
+        up()
+        times["up"] = time.monotonic()
 
-    results = _under_load(deployment.url, carol_key, 16, fault)
+    results = _under_load(deployment.url, key, seconds, fault)
     statuses = _check_answers(results)
-    recovery = _recovery_s(results, times["back"])
+    recovery = _recovery_s(results, times["up"])
     _settled()
-    completed = _check_money(results)
+    _check_money(results)
     during = [r for r in results if r.status == 200 and r.done
-              and times["cut"] < r.finished < times["back"]]
-    print(f"\nPostgreSQL cut 8 s: {len(results)} requests, statuses {dict(statuses)}, "
-          f"{completed} streams completed and charged once ({len(during)} of them ended "
-          f"while the database was away), service back {recovery:.2f} s after the database")
+              and times["down"] < r.finished < times["up"]]
+    return results, statuses, recovery, during
+
+
+def test_postgresql_cut_under_streaming_load(deployment, pg_gate, engine, deploy, carol_key):
+    deploy(engine(time_scale=2))
+    # Longer than any settle retry: only the usage journal can bill what ends meanwhile.
+    results, statuses, recovery, during = _outage(deployment, carol_key, 16, pg_gate.cut,
+                                                  pg_gate.open, down_for=8)
+    print(f"\nPostgreSQL cut 8 s: {len(results)} requests, statuses {dict(statuses)}, every "
+          f"completed stream charged once ({len(during)} ended while the database was away), "
+          f"service back {recovery:.2f} s after the database")
     assert during, "no stream ended during the outage: the test proved nothing"
     assert statuses[503], "requests during the outage should have been refused"
     assert recovery < 5.0
@@ -179,25 +187,10 @@ def test_postgresql_cut_under_streaming_load(deployment, pg_gate, engine, deploy
 def test_redis_killed_under_streaming_load(deployment, redis_server, engine, deploy,
                                            carol_key):
     deploy(engine(time_scale=2))
-    times = {}
-
-    def fault():
-        time.sleep(2.5)
-        redis_server.kill()
-        times["down"] = time.monotonic()
-        time.sleep(4)
-        redis_server.start()
-        times["back"] = time.monotonic()
-
-    results = _under_load(deployment.url, carol_key, 12, fault)
-    statuses = _check_answers(results)
-    recovery = _recovery_s(results, times["back"])
-    _settled()
-    completed = _check_money(results)
-    during = [r for r in results if r.status == 200 and r.done
-              and times["down"] < r.finished < times["back"]]
-    print(f"\nRedis killed 4 s: {len(results)} requests, statuses {dict(statuses)}, "
-          f"{completed} streams completed and charged once ({len(during)} while Redis was "
-          f"away), first success {recovery:.2f} s after Redis returned")
+    results, statuses, recovery, during = _outage(deployment, carol_key, 12, redis_server.kill,
+                                                  redis_server.start, down_for=4)
+    print(f"\nRedis killed 4 s: {len(results)} requests, statuses {dict(statuses)}, every "
+          f"completed stream charged once ({len(during)} ended while Redis was away), first "
+          f"success {recovery:.2f} s after Redis returned")
     assert during, "no stream ended while Redis was away: the test proved nothing"
     assert recovery < 5.0
