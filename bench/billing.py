@@ -151,7 +151,10 @@ def _process_main(clients, tag, measure_from, until, queue) -> None:
 
 def run_processes(clients: list[tuple[KeyInfo, Worker]], tag: str, measure_from: float,
                   until: float, processes: int) -> Result:
-    connections.close_all()  # a forked child must open its own, never share the parent's
+    # A forked child must open its own connections, never share the parent's; nor its pool,
+    # whose worker threads a fork does not copy.
+    connections.close_all()
+    connection.close_pool()
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_process_main,
