@@ -1,12 +1,5 @@
-"""Which workers may take a request, and in which order to try them: pure, no I/O.
+"""Which workers may take a request: pure, no I/O. In which order: routing/balancer.py."""
 
-This is the inference API's first placement: weighted random by verified capacity under load
-(output tokens/s at 32 concurrent, measured from the platform side), never by GPU names. An
-RTX PRO 6000 and two RTX 4090s both do ~100 tok/s alone but 1,342 vs 435 at 32 concurrent
-(docs/FACTS), so they get ~3:1 of the traffic.
-"""
-
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -58,20 +51,3 @@ def eligible(workers: Sequence[Worker], *, user_id: int, context_needed: int,
         return shared
     return Refusal(503, "no_capacity", "No verified worker can take this request right now; "
                    "retry shortly.")
-
-
-def order(workers: Sequence[Worker], rng: random.Random, limit: int = 2) -> list[Worker]:
-    """Up to `limit` distinct workers, drawn one after another with probability proportional
-    to capacity (a renter's own unverified card counts 1): the first serves, the next is the
-    retry."""
-    pool = list(workers)
-    chosen = []
-    while pool and len(chosen) < limit:
-        weights = [max(w.capacity_tps, 1.0) for w in pool]
-        pick = rng.random() * sum(weights)
-        for i, weight in enumerate(weights):
-            pick -= weight
-            if pick < 0 or i == len(pool) - 1:
-                chosen.append(pool.pop(i))
-                break
-    return chosen

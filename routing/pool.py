@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.metering import Price
@@ -58,6 +59,13 @@ class Snapshot:
     models: dict[str, ModelEntry]
     workers: dict[str, tuple[Worker, ...]]  # by public model name
     load: dict[int, int] = field(default_factory=dict)  # in-flight requests per deployment
+    own_load: dict[int, int] = field(default_factory=dict)  # this process's part of `load`
+
+    def load_now(self, deployment_ids) -> dict[int, int]:
+        """In-flight requests per deployment now: every other process's as last exchanged,
+        this one's as it stands."""
+        return {d: self.load.get(d, 0) - self.own_load.get(d, 0) + INFLIGHT.get(d, 0)
+                for d in deployment_ids}
 
     @property
     def size(self) -> int:
@@ -138,7 +146,7 @@ def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
     capacity: Counter = Counter()
     for node_id, model, tps in VerifiedCapacity.objects.filter(
             card__node_id__in=node_ids, card__present=True).values_list(
-            "card__node_id", "model", "tokens_per_s"):
+            "card__node_id", "model", Coalesce("routing_tps", "tokens_per_s")):
         capacity[(node_id, model)] += tps
     renters: dict[int, set] = {}
     for node_id, renter_id in Rental.objects.filter(
@@ -174,7 +182,8 @@ def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
          sorted((n, [repr(w) for w in ws]) for n, ws in frozen.items())],
         default=str).encode()).hexdigest()[:12]
     return Snapshot(version=digest, generation=generation, built_at=time.monotonic(),
-                    models=entries, workers=frozen, load=load_exchange(dict(INFLIGHT)))
+                    models=entries, workers=frozen, load=load_exchange(own := dict(INFLIGHT)),
+                    own_load=own)
 
 
 class PoolUnavailable(Exception):

@@ -23,7 +23,7 @@ from django.utils import timezone
 from billing import metering
 from billing import usage as usage_journal
 from billing.keys import api_key_authenticate, api_key_cached
-from routing import calls, metrics, openai, placement, requestlog, upstream
+from routing import balancer, calls, metrics, openai, placement, requestlog, upstream
 from routing.pool import INFLIGHT, POOL, PoolUnavailable
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,6 @@ BREAKER_OPEN_S = 15.0  # ...for this long; then one request may try it again
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n")
 # A chunk that carries text: a chat delta's content or a completion's text, not empty.
 _CONTENT = re.compile(rb'"(?:content|text)":\s?"(?!")')
-_rng = random.Random()
 
 
 class Breaker:
@@ -128,6 +127,7 @@ class Outcome:
     completion_tokens: int = 0
     estimated: bool = False
     ttft_s: float | None = None
+    affinity: str = balancer.NEW  # hit, spill or new (routing/balancer.py)
 
     def finish(self) -> None:
         latency = time.perf_counter() - self.started
@@ -181,13 +181,15 @@ async def authenticate(authorization: str):
     return key
 
 
-async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpResponse:
+async def handle(*, endpoint: str, raw: bytes, authorization: str,
+                 session: str | None = None) -> HttpResponse:
+    """One /v1 inference request. `session`: the client's X-Session-ID, an affinity key."""
     # 128 random bits from `random` (seeded from os.urandom, again in a forked child): unique
     # as a uuid4, without a getrandom system call per request.
     outcome = Outcome(request_id=f"req-{random.getrandbits(128):032x}", endpoint=endpoint,
                       started=time.perf_counter())
     try:
-        return await _handle(endpoint, raw, authorization, outcome)
+        return await _handle(endpoint, raw, authorization, session, outcome)
     except Exception:
         # Whatever failed (the database or Redis away, a bug): the client gets OpenAI's shape
         # and a time to come back, the log gets the request id and the traceback.
@@ -195,7 +197,7 @@ async def handle(*, endpoint: str, raw: bytes, authorization: str) -> HttpRespon
         return _error(unavailable(), outcome)
 
 
-async def _handle(endpoint: str, raw: bytes, authorization: str,
+async def _handle(endpoint: str, raw: bytes, authorization: str, session: str | None,
                   outcome: Outcome) -> HttpResponse:
     try:
         key = await authenticate(authorization)
@@ -222,7 +224,10 @@ async def _handle(endpoint: str, raw: bytes, authorization: str,
             raise openai.ApiError(found.status, found.message, code=found.code,
                                   type_="invalid_request_error" if found.status < 500
                                   else "server_error")
-        candidates = placement.order(found, _rng, ATTEMPTS)
+        placed = balancer.place(found, balancer.affinity(request.body, request.endpoint,
+                                                         session),
+                                snap.load_now(w.deployment_id for w in found), ATTEMPTS)
+        candidates, outcome.affinity = list(placed.workers), placed.affinity
         if key.allowed_models and model.name not in key.allowed_models:
             raise openai.ApiError(403, f"This API key may not use '{model.name}'.",
                                   type_="permission_error", code="model_not_allowed")
@@ -258,6 +263,7 @@ def _headers(response: HttpResponse, worker: placement.Worker, outcome: Outcome,
     response["X-Rigshare-Engine"] = worker.engine or "unknown"
     response["X-Rigshare-Quantization"] = worker.quantization or "unknown"
     response["X-Rigshare-Pool-Version"] = version
+    response["X-Rigshare-Affinity"] = outcome.affinity
     return response
 
 

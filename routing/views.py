@@ -52,7 +52,8 @@ async def _inference(request, endpoint: str):
                                  code="request_too_large")
         return JsonResponse(body, status=413)
     return await proxy.handle(endpoint=endpoint, raw=raw,
-                              authorization=request.headers.get("Authorization", ""))
+                              authorization=request.headers.get("Authorization", ""),
+                              session=request.headers.get("X-Session-ID") or None)
 
 
 @csrf_exempt

@@ -171,6 +171,10 @@ class VerifiedCapacity(models.Model):
     card = models.ForeignKey(Card, on_delete=models.CASCADE, related_name="capacities")
     model = models.CharField(max_length=200)
     tokens_per_s = models.FloatField()
+    # What routing weighs the card by: the measurement, kept as it was while re-measurements
+    # stay within ROUTING_HYSTERESIS of it, so that noise moves no conversation to another
+    # worker. Empty: the measurement itself.
+    routing_tps = models.FloatField(null=True, blank=True)
     concurrency = models.PositiveSmallIntegerField(default=32)
     run = models.ForeignKey(VerificationRun, on_delete=models.CASCADE, related_name="+")
     measured_at = models.DateTimeField(default=timezone.now)

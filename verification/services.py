@@ -478,16 +478,30 @@ def run_publish(*, run_id: int) -> bool:
         run = VerificationRun.objects.select_related("node").get(pk=run_id)
         total = run.measurements.filter(card__isnull=True, metric="tps@32").first()
         cards = list(run.node.cards.filter(present=True))
+        routed = dict(VerifiedCapacity.objects.filter(card__in=cards, model=run.model)
+                      .values_list("card_id", "routing_tps"))
         for card in cards:
             # Each card's share of its engine: a 2-card tensor-parallel engine counts half each.
             if total and run.model:
+                share = total.value / len(cards)
                 VerifiedCapacity.objects.update_or_create(
                     card=card, model=run.model,
-                    defaults={"tokens_per_s": total.value / len(cards), "run": run,
-                              "measured_at": now})
+                    defaults={"tokens_per_s": share, "run": run, "measured_at": now,
+                              "routing_tps": routing_capacity(routed.get(card.pk), share)})
         _publish_verdicts(run, cards, list(run.findings.all()), share_of=total)
     peers_rejudge(run_id=run.pk)
     return True
+
+
+# A re-measurement within this fraction of what routing uses leaves routing's weight alone.
+ROUTING_HYSTERESIS = 0.10
+
+
+def routing_capacity(routed: float | None, measured: float) -> float:
+    """What routing should weigh a card by after a new measurement (routing/balancer.py)."""
+    if routed and abs(measured - routed) <= ROUTING_HYSTERESIS * routed:
+        return routed
+    return measured
 
 
 def run_status(run_id: int) -> str | None:

@@ -12,7 +12,7 @@ from django.db import OperationalError
 
 from billing.models import Charge, Hold
 from fleetsim.server import ServerThread
-from routing import proxy
+from routing import balancer, proxy
 from routing.models import RequestLog
 from tests.routing.conftest import MODEL
 from tests.routing.test_api import CHAT, post, sdk
@@ -20,16 +20,10 @@ from tests.routing.test_api import CHAT, post, sdk
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class _First:
-    """An rng that always draws the first candidate: deployments are listed by id."""
-
-    def random(self):
-        return 0.0
-
-
 @pytest.fixture
 def first_wins(monkeypatch):
-    monkeypatch.setattr(proxy, "_rng", _First())
+    """The balancer ranks deployments by id: the first deployed serves, the next is the retry."""
+    monkeypatch.setattr(balancer, "_scores", lambda key, ids, weights: -ids.astype(float))
 
 
 def events(response: httpx.Response) -> list:
