@@ -28,9 +28,11 @@ def _served(node: Node) -> list[dict]:
 
 @transaction.atomic
 def deployments_sync(*, node_id: int, now: datetime | None = None) -> list[int]:
-    """Match the node's deployments to its latest heartbeat; returns the ids it serves."""
+    """Match the node's deployments to its latest heartbeat; returns the ids it serves. The
+    node's row is locked: two heartbeats of one node at once (an agent's retry overlapping its
+    first try) must not both create its new deployment."""
     now = now or timezone.now()
-    node = Node.objects.get(pk=node_id)
+    node = Node.objects.select_for_update().get(pk=node_id)
     served = {item["id"]: item for item in _served(node)} if node.engine_reachable else {}
     existing = {d.engine_model_id: d for d in Deployment.objects.filter(node_id=node_id)}
     ids = []

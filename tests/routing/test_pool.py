@@ -180,6 +180,28 @@ def test_an_old_agent_reporting_ids_only_still_makes_deployments(bob):
     assert (row.engine_model_id, row.engine, row.max_context) == ("m1", "", None)
 
 
+def test_two_heartbeats_of_one_node_at_once_make_one_deployment(bob):
+    """An agent's retry overlapping its first try: both sync the node's deployments at once;
+    the second waits for the first instead of failing on the unique (node, model)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    def sync(node_id):
+        try:
+            return services.deployments_sync(node_id=node_id)
+        finally:
+            connection.close()
+
+    for _ in range(15):
+        node = NodeFactory(owner=bob, engine_url="http://x", engine_reachable=True,
+                           engine_models=["m1", "m2"], engine_served=[])
+        with ThreadPoolExecutor(4) as pool_:
+            answers = list(pool_.map(sync, [node.pk] * 4))
+        assert len({tuple(a) for a in answers}) == 1
+        assert Deployment.objects.filter(node=node).count() == 2
+
+
 def test_health_check_takes_a_dead_engine_out_and_brings_it_back(engine, deploy):
     alive = deploy(engine())
     dead = deploy("http://127.0.0.1:9")
