@@ -19,6 +19,9 @@ on an affinity key, bounded by load. Pure: plain values in, plain values out, no
 - **Bounded load.** The ranking is walked until a worker whose in-flight requests, this one
   included, are within LOAD_FACTOR times its weight's fair share of the fleet's, plus
   LOAD_SLACK. Some worker always is. A hot key spills over instead of saturating its worker.
+- **Cold start.** A worker new to traffic (newly verified, a new deployment, a node back
+  online: its prefix cache is empty) enters at a quarter of its weight and takes a quarter
+  more each RAMP_STEP_S (`ramp`, computed with the snapshot): never at zero, never flooded.
 - **Retry** goes to the next worker of the same ranking.
 """
 
@@ -35,6 +38,8 @@ LOAD_FACTOR = 1.25
 LOAD_SLACK = 2  # requests: a worker with little load takes a few over its share
 WEIGHT_STEPS = 8  # per doubling: weights move in ~9% steps
 PROMPT_KEY_CHARS = 2048  # ~512 tokens of a completion's prompt
+RAMP_STEPS = 4  # a new worker's weight: 1/4, 2/4, 3/4, then all of it...
+RAMP_STEP_S = 60.0  # ...a step a minute
 
 HIT, SPILL, NEW = "hit", "spill", "new"
 
@@ -89,14 +94,24 @@ def affinity(body: dict, endpoint: str, session: str | None = None) -> Affinity:
     return Affinity(_digest("prompt", text), len(_text(prompt)) > PROMPT_KEY_CHARS)
 
 
+def ramp(age_s: float) -> float:
+    """The share of its weight a worker takes `age_s` seconds after it came to traffic: in
+    whole steps, so every process agrees but at a step's very edge."""
+    return min(1.0, (max(age_s, 0.0) // RAMP_STEP_S + 1) / RAMP_STEPS)
+
+
 def weight(worker: Worker) -> float:
     """The worker's weight: its verified capacity on a log grid (a renter's own unverified
-    card counts 1)."""
-    return float(_weights(np.array([worker.capacity_tps]))[0])
+    card counts 1), times its ramp."""
+    return float(_weights([worker])[0])
 
 
-def _weights(capacity: np.ndarray) -> np.ndarray:
-    return np.exp2(np.round(np.log2(np.maximum(capacity, 1.0)) * WEIGHT_STEPS) / WEIGHT_STEPS)
+def _weights(workers: Sequence[Worker]) -> np.ndarray:
+    n = len(workers)
+    capacity = np.fromiter((w.capacity_tps for w in workers), np.float64, n)
+    ramps = np.fromiter((w.ramp for w in workers), np.float64, n)
+    grid = np.round(np.log2(np.maximum(capacity, 1.0)) * WEIGHT_STEPS) / WEIGHT_STEPS
+    return np.exp2(grid) * ramps
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -121,8 +136,7 @@ def _scores(key: bytes, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
 def rank(workers: Sequence[Worker], key: bytes) -> list[Worker]:
     """Every worker, best first, for this key."""
     ids = np.fromiter((w.deployment_id for w in workers), np.int64, len(workers))
-    weights = _weights(np.fromiter((w.capacity_tps for w in workers), np.float64,
-                                   len(workers)))
+    weights = _weights(workers)
     return [workers[i] for i in np.argsort(-_scores(key, ids, weights), kind="stable")]
 
 
@@ -138,7 +152,7 @@ def place(workers: Sequence[Worker], affinity: Affinity, load: Mapping[int, int]
     if not n:
         return Placement((), NEW)
     ids = np.fromiter((w.deployment_id for w in workers), np.int64, n)
-    weights = _weights(np.fromiter((w.capacity_tps for w in workers), np.float64, n))
+    weights = _weights(workers)
     scores = _scores(affinity.key, ids, weights)
     if n > TOP:
         head = np.argpartition(-scores, TOP)[:TOP]

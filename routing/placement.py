@@ -20,6 +20,7 @@ class Worker:
     capacity_tps: float  # verified output tok/s at 32 concurrent; 0: not verified
     verified: bool  # every card's serving verified, none flagged, the node not held out
     renter_id: int | None  # a rented card answers only its renter's keys (-1: nobody's)
+    ramp: float = 1.0  # the share of its weight a worker new to traffic takes yet (balancer)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from billing.metering import Price
 from billing.models import ModelPrice
 from config.redis import REDIS_ERRORS, redis_client
 from marketplace.models import Card, Node, Rental
+from routing import balancer
 from routing.models import Deployment, EngineModel, Model, worker_ref
 from routing.placement import Worker
 from verification.models import VerifiedCapacity
@@ -144,10 +145,13 @@ def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
                                                             "verification_status"):
         cards.setdefault(node_id, []).append((card_id, status))
     capacity: Counter = Counter()
-    for node_id, model, tps in VerifiedCapacity.objects.filter(
+    routed_since: dict[tuple, datetime] = {}
+    for node_id, model, tps, since in VerifiedCapacity.objects.filter(
             card__node_id__in=node_ids, card__present=True).values_list(
-            "card__node_id", "model", Coalesce("routing_tps", "tokens_per_s")):
+            "card__node_id", "model", Coalesce("routing_tps", "tokens_per_s"),
+            "routed_since"):
         capacity[(node_id, model)] += tps
+        routed_since[(node_id, model)] = max(since, routed_since.get((node_id, model), since))
     renters: dict[int, set] = {}
     for node_id, renter_id in Rental.objects.filter(
             card__node_id__in=node_ids, stopped_at__isnull=True).values_list(
@@ -174,7 +178,11 @@ def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
             engine_model=d.engine_model_id, quantization=d.quantization,
             max_context=d.max_context,
             capacity_tps=float(capacity.get((d.node_id, d.engine_model_id), 0.0)),
-            verified=verified, renter_id=renter_id))
+            verified=verified, renter_id=renter_id,
+            # New to traffic since the latest of: verified, deployed, back online.
+            ramp=balancer.ramp((now - max(
+                routed_since.get((d.node_id, d.engine_model_id), d.first_seen_at),
+                d.first_seen_at, d.node.status_changed_at)).total_seconds())))
     frozen = {name: tuple(ws) for name, ws in workers.items()}
     digest = hashlib.sha256(json.dumps(
         [[(e.name, e.context_length, [(t.isoformat(), p.price_id) for t, p in e.prices])

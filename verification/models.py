@@ -178,6 +178,8 @@ class VerifiedCapacity(models.Model):
     concurrency = models.PositiveSmallIntegerField(default=32)
     run = models.ForeignKey(VerificationRun, on_delete=models.CASCADE, related_name="+")
     measured_at = models.DateTimeField(default=timezone.now)
+    # When routing first counted on it: a newly verified card's traffic ramps up from here.
+    routed_since = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["card", "model"],

@@ -184,3 +184,12 @@ def test_routing_keeps_a_cards_weight_while_re_measurements_stay_within_10_perce
     assert routing_capacity(1342.0, 1420.0) == 1342.0
     assert routing_capacity(1342.0, 1100.0) == 1100.0  # a real change moves what it must
     assert routing_capacity(1342.0, 1700.0) == 1700.0
+
+
+def test_a_worker_new_to_traffic_ramps_up_in_quarters_never_from_zero():
+    assert [balancer.ramp(s) for s in (0, 59, 60, 125, 180, 10**6)] == [
+        0.25, 0.25, 0.5, 0.75, 1.0, 1.0]
+    old, new = worker(1, 500.0), replace(worker(2, 500.0), ramp=balancer.ramp(0))
+    n = 40_000
+    got = Counter(first([old, new], k) for k in keys(n))
+    assert abs(got[2] / n - 0.25 / 1.25) < 0.01  # a quarter of its weight
