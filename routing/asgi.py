@@ -17,13 +17,9 @@ import io
 from django.core.handlers.asgi import ASGIRequest
 from django.http import JsonResponse
 
-from routing import openai, views
+from routing import openai, proxy, views
 
-ROUTES = {
-    "/v1/chat/completions": views.chat_completions,
-    "/v1/completions": views.completions,
-    "/v1/models": views.models,
-}
+ROUTES = {f"/{path}": view for path, view in views.V1.items()}
 
 
 class Application:
@@ -100,7 +96,7 @@ async def _send(response, send) -> None:
     if not response.streaming:
         await send({"type": "http.response.body", "body": response.content})
         return
-    relay = getattr(response, "relay", None)  # the proxy's event stream
+    relay = response.relay if isinstance(response, proxy.RelayResponse) else None
     try:
         async for chunk in relay or response.streaming_content:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -1,10 +1,8 @@
-"""The streaming proxy: key -> model -> eligible workers -> pick -> reserve -> proxy -> settle.
+"""The streaming proxy: key -> model -> eligible workers (placement) -> ranked (balancer) ->
+reserve -> the engine -> relay (sse) -> journal and settle (billing.usage, metering).
 
-Bytes pass through as the engine sent them, cut only at event boundaries and parsed only as
-far as billing needs: the usage chunk (asked for upstream on every stream, dropped again if
-the client did not ask for it), the count of content chunks delivered (each engine streams one
-token per chunk: what a cut stream is billed for), and the model id, rewritten to the public
-name so that only the headers tell which engine answered.
+Bytes pass through as the engine sent them, cut only at event boundaries; only the headers
+tell which engine answered. Retries and the circuit breaker follow routing/retry.py.
 """
 
 import asyncio
@@ -12,7 +10,6 @@ import http.cookiejar
 import json
 import logging
 import random
-import re
 import time
 from dataclasses import dataclass
 
@@ -23,46 +20,14 @@ from django.utils import timezone
 from billing import metering
 from billing import usage as usage_journal
 from billing.keys import api_key_authenticate, api_key_cached
-from routing import balancer, calls, metrics, openai, placement, requestlog, upstream
+from routing import balancer, calls, metrics, openai, placement, requestlog, sse, upstream
 from routing.pool import INFLIGHT, POOL, PoolUnavailable
+from routing.retry import BREAKER, POLICY
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 3.0
-READ_TIMEOUT_S = 120.0  # between two reads of the engine's answer, not for the whole answer
 DEFAULT_MAX_TOKENS = 1024  # when the client sets no bound (the hold must have one)
-ATTEMPTS = 2  # the first worker, then once the next one, before the first byte only
-BREAKER_FAILURES = 3  # consecutive failures that open a worker's circuit...
-BREAKER_OPEN_S = 15.0  # ...for this long; then one request may try it again
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n")
-# A chunk that carries text: a chat delta's content or a completion's text, not empty.
-_CONTENT = re.compile(rb'"(?:content|text)":\s?"(?!")')
-
-
-class Breaker:
-    """Per worker, in this process: a worker that failed BREAKER_FAILURES times in a row gets
-    no traffic for BREAKER_OPEN_S, then one request at a time until one succeeds."""
-
-    def __init__(self):
-        self.failures: dict[int, int] = {}
-        self.open_until: dict[int, float] = {}
-
-    def is_open(self, deployment_id: int) -> bool:
-        return self.open_until.get(deployment_id, 0.0) > time.monotonic()
-
-    def success(self, deployment_id: int) -> None:
-        self.failures.pop(deployment_id, None)
-        self.open_until.pop(deployment_id, None)
-
-    def failure(self, deployment_id: int) -> None:
-        count = self.failures.get(deployment_id, 0) + 1
-        self.failures[deployment_id] = count
-        if count >= BREAKER_FAILURES:
-            self.open_until[deployment_id] = time.monotonic() + BREAKER_OPEN_S
-
-
-BREAKER = Breaker()
 _clients: dict = {}
 _background: set = set()
 
@@ -74,7 +39,7 @@ def _client() -> httpx.AsyncClient:
     if client is None:
         client = httpx.AsyncClient(
             transport=upstream.Transport(), headers={"accept-encoding": "identity"},
-            timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            timeout=httpx.Timeout(POLICY.read_timeout_s, connect=POLICY.connect_timeout_s),
             cookies=_NoCookies())
         _clients[loop] = client
     return client
@@ -226,7 +191,8 @@ async def _handle(endpoint: str, raw: bytes, authorization: str, session: str | 
                                   else "server_error")
         placed = balancer.place(found, balancer.affinity(request.body, request.endpoint,
                                                          session),
-                                snap.load_now(w.deployment_id for w in found), ATTEMPTS)
+                                snap.load_now(w.deployment_id for w in found),
+                                POLICY.attempts)
         candidates, outcome.affinity = list(placed.workers), placed.affinity
         if key.allowed_models and model.name not in key.allowed_models:
             raise openai.ApiError(403, f"This API key may not use '{model.name}'.",
@@ -318,14 +284,11 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
                 attempt = await _open_stream(worker, path, body)
                 if hold is None:
                     hold = await _held(reserving)
-                state = _StreamState(request.include_usage,
-                                     _model_patterns(worker.engine_model),
-                                     _model_patterns(public_model))
-                relay = _Relay(attempt, state, worker, hold, request, outcome)
-                response = StreamingHttpResponse(
-                    relay, content_type="text/event-stream; charset=utf-8",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-                response.relay = relay  # routing.asgi closes it, whatever happens
+                state = sse.StreamState(request.include_usage,
+                                        sse.model_patterns(worker.engine_model),
+                                        sse.model_patterns(public_model))
+                response = RelayResponse(_Relay(attempt, state, worker, hold, request,
+                                                outcome))
                 handed_over = True  # the relay gives the slot back when it closes
             else:
                 attempt = asyncio.ensure_future(_fetch(worker, path, body))
@@ -448,68 +411,6 @@ def _check_status(worker, status: int, content: bytes) -> None:
     raise openai.engine_error(status, content)
 
 
-@dataclass
-class _StreamState:
-    include_usage: bool
-    model_from: tuple[bytes, bytes]
-    model_to: tuple[bytes, bytes]
-    buf: bytes = b""
-    delivered: int = 0
-    usage: dict | None = None
-    done: bool = False
-
-    def feed(self, data: bytes) -> bytes:
-        buf = self.buf + data if self.buf else data
-        if b"\r" in buf:  # CRLF line ends (no engine we know sends them, but SSE allows them)
-            return self._feed_crlf(buf)
-        end = buf.rfind(b"\n\n") + 2
-        if end == 1:  # no whole event yet
-            self.buf = buf
-            return b""
-        self.buf = buf[end:]
-        if buf.find(b"\n\n") + 2 == end:  # the usual case: one event
-            return self._event(buf[:end] if end < len(buf) else buf)
-        out, start = [], 0
-        while start < end:
-            stop = buf.index(b"\n\n", start) + 2
-            out.append(self._event(buf[start:stop]))
-            start = stop
-        return b"".join(out)
-
-    def _feed_crlf(self, buf: bytes) -> bytes:
-        out = []
-        while (end := _EVENT_END.search(buf)) is not None:
-            out.append(self._event(buf[:end.end()]))
-            buf = buf[end.end():]
-        self.buf = buf
-        return b"".join(out)
-
-    def _event(self, event: bytes) -> bytes:
-        if event.startswith(b"data: [DONE]"):
-            self.done = True
-            return event
-        if b'"choices":[]' in event or b'"choices": []' in event:
-            # The usage chunk (the only one with no choices).
-            try:
-                usage = json.loads(event[event.index(b"{"):]).get("usage")
-            except ValueError:
-                usage = None
-            if usage:
-                self.usage = usage
-                if not self.include_usage:
-                    return b""
-        elif _CONTENT.search(event):
-            self.delivered += 1
-        for old, new in zip(self.model_from, self.model_to, strict=True):
-            event = event.replace(old, new, 1)
-        return event
-
-
-def _model_patterns(name: str) -> tuple[bytes, bytes]:
-    quoted = json.dumps(name).encode()
-    return b'"model":' + quoted, b'"model": ' + quoted
-
-
 async def _open_stream(worker, path, body) -> httpx.Response:
     """The engine's stream once it answered 200 (its headers): until then a retry is
     possible."""
@@ -536,13 +437,23 @@ async def _open_stream(worker, path, body) -> httpx.Response:
     return resp
 
 
+class RelayResponse(StreamingHttpResponse):
+    """A stream the proxy relays. routing.asgi iterates `relay` itself and closes it however the
+    response ends: the close is what frees the worker's slot and bills the request."""
+
+    def __init__(self, relay: "_Relay"):
+        super().__init__(relay, content_type="text/event-stream; charset=utf-8",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.relay = relay
+
+
 class _Relay:
     """The client's side of a stream: the engine's events as they come, then, once, the
     settle. An iterator class rather than a generator so that its end is certain: `aclose()`
     (routing.asgi calls it when the response is over, however it ended) settles even a stream
     whose first chunk was never asked for, as when the client leaves right after the headers."""
 
-    def __init__(self, resp, state: _StreamState, worker, hold, request, outcome):
+    def __init__(self, resp, state: sse.StreamState, worker, hold, request, outcome):
         self.body, self.resp, self.state = upstream.body_reader(resp), resp, state
         self.worker, self.hold, self.request, self.outcome = worker, hold, request, outcome
         self.ended = False  # no more events to send
@@ -626,7 +537,7 @@ class _Relay:
         _spawn(_finish_stream(self))
 
 
-def _stream_usage(state: _StreamState, request, outcome: Outcome,
+def _stream_usage(state: sse.StreamState, request, outcome: Outcome,
                   estimated: bool = False) -> metering.Usage:
     if state.usage and outcome.status == 200 and not estimated:
         return metering.Usage(int(state.usage.get("prompt_tokens") or 0),

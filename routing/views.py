@@ -66,6 +66,12 @@ async def completions(request):
     return await _inference(request, "completions")
 
 
+# The /v1 endpoints, by path: the one table that routing.urls and routing.asgi both serve.
+V1 = {"v1/models": models, "v1/chat/completions": chat_completions,
+      "v1/completions": completions}
+
+
+@csrf_exempt
 async def not_found(request, rest=""):
     body = openai.error_body(f"Unknown endpoint: {request.method} {request.path}.",
                              type_="invalid_request_error", code="unknown_url")

@@ -16,6 +16,7 @@ from marketplace.models import Card
 from routing import proxy, requestlog
 from routing.models import Deployment, EngineModel, Model
 from routing.pool import INFLIGHT, POOL
+from routing.retry import BREAKER
 from tests.factories import CardFactory, NodeFactory
 from verification.models import VerificationRun, VerifiedCapacity
 
@@ -52,7 +53,7 @@ def _quiet(timeout: float = 10.0) -> None:
 def v1(rigshare_server, transactional_db):
     """The /v1 base URL, with a pool that forgets what earlier tests left."""
     POOL.invalidate()
-    proxy.BREAKER.__init__()
+    BREAKER.__init__()
     yield rigshare_server.url + "/v1"
     _quiet()
     POOL.invalidate()

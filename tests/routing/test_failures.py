@@ -12,8 +12,9 @@ from django.db import OperationalError
 
 from billing.models import Charge, Hold
 from fleetsim.server import ServerThread
-from routing import balancer, proxy
+from routing import balancer
 from routing.models import RequestLog
+from routing.retry import BREAKER, POLICY
 from tests.routing.conftest import MODEL
 from tests.routing.test_api import CHAT, post, sdk
 
@@ -107,7 +108,7 @@ def test_unreachable_worker_is_retried_on_the_next_then_left_alone(v1, engine, d
                                                                    settled):
     dead = deploy("http://127.0.0.1:9")  # nothing listens there
     alive = deploy(engine())
-    for _ in range(proxy.BREAKER_FAILURES + 1):
+    for _ in range(POLICY.breaker_failures + 1):
         response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5})
         assert response.status_code == 200, response.text
         assert response.headers["x-rigshare-worker"] == f"deployment:{alive.pk}"
@@ -115,7 +116,7 @@ def test_unreachable_worker_is_retried_on_the_next_then_left_alone(v1, engine, d
     attempts = list(RequestLog.objects.order_by("created_at").values_list("attempts", flat=True))
     # Three failures open the dead worker's circuit: the fourth request goes straight on.
     assert attempts == [2, 2, 2, 1]
-    assert proxy.BREAKER.is_open(dead.pk)
+    assert BREAKER.is_open(dead.pk)
     assert Charge.objects.count() == 4 and not Hold.objects.filter(status="pending").exists()
 
 
@@ -172,7 +173,7 @@ def test_engine_dying_after_its_200_ends_the_stream_with_an_error_not_a_retry(
     assert charge.prompt_tokens > 0  # the engine may have read the prompt: billed as a cut
     log_row = RequestLog.objects.get()
     assert (log_row.attempts, log_row.error_code) == (1, "upstream_disconnected")
-    assert proxy.BREAKER.failures == {dead.pk: 1}
+    assert BREAKER.failures == {dead.pk: 1}
 
 
 class _SlowFirstToken:
@@ -270,7 +271,7 @@ def test_engine_refusing_the_request_itself_passes_its_error_and_bills_nothing(
         assert error["message"] == "top_k must be -1 (disable), or at least 1, got -5."
         settled()
     assert Hold.objects.get().status == "released" and not Charge.objects.exists()
-    assert not proxy.BREAKER.failures  # the client's mistake is not the worker's failure
+    assert not BREAKER.failures  # the client's mistake is not the worker's failure
 
 
 @pytest.mark.parametrize("stream", [False, True])

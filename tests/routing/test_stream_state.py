@@ -1,4 +1,4 @@
-"""The relay's event parser (proxy._StreamState): whole events out, however the engine's bytes
+"""The relay's event parser (routing/sse.py): whole events out, however the engine's bytes
 were cut, with the usage chunk taken (and dropped unless asked for), content chunks counted and
 the engine's model id replaced by the public name."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from routing.proxy import _model_patterns, _StreamState
+from routing.sse import StreamState, model_patterns
 
 
 def _chunk(content, model="Qwen/Qwen3-27B", sep=b"\n\n"):
@@ -28,8 +28,8 @@ def _stream(sep=b"\n\n"):
 
 
 def _state(include_usage):
-    return _StreamState(include_usage, _model_patterns("Qwen/Qwen3-27B"),
-                        _model_patterns("qwen3-27b"))
+    return StreamState(include_usage, model_patterns("Qwen/Qwen3-27B"),
+                        model_patterns("qwen3-27b"))
 
 
 def _events(out: bytes, sep=b"\n\n"):
