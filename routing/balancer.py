@@ -19,6 +19,8 @@ on an affinity key, bounded by load. Pure: plain values in, plain values out, no
 - **Bounded load.** The ranking is walked until a worker whose in-flight requests, this one
   included, are within LOAD_FACTOR times its weight's fair share of the fleet's, plus
   LOAD_SLACK. Some worker always is. A hot key spills over instead of saturating its worker.
+  In flight: what every router process has sent it, or what its engine's own metrics last
+  said it runs and queues, whichever is more.
 - **Cold start.** A worker new to traffic (newly verified, a new deployment, a node back
   online: its prefix cache is empty) enters at a quarter of its weight and takes a quarter
   more each RAMP_STEP_S (`ramp`, computed with the snapshot): never at zero, never flooded.
@@ -159,7 +161,10 @@ def place(workers: Sequence[Worker], affinity: Affinity, load: Mapping[int, int]
         order = head[np.argsort(-scores[head], kind="stable")]
     else:
         order = np.argsort(-scores, kind="stable")
-    inflight = np.fromiter((load.get(w.deployment_id, 0) for w in workers), np.float64, n)
+    # The routers' own count, or the engine's queue where it says more (traffic that did not
+    # come through these routers, or requests it still holds).
+    inflight = np.fromiter((max(load.get(w.deployment_id, 0), w.engine_queue)
+                            for w in workers), np.float64, n)
     share = (inflight.sum() + 1) / weights.sum()
     within = inflight + 1 <= LOAD_FACTOR * share * weights + LOAD_SLACK
     if not within[order].any():  # the head is busy: walk the whole ranking

@@ -63,6 +63,12 @@ class Deployment(models.Model):
     health_failures = models.PositiveSmallIntegerField(default=0)
     health_checked_at = models.DateTimeField(null=True, blank=True)
     health_error = models.CharField(max_length=256, blank=True)
+    # What the engine's own /metrics said at the last health check, where it has them (vLLM,
+    # llama-server --metrics): its queue, and its prefix cache's counters since it started.
+    engine_running = models.PositiveIntegerField(null=True, blank=True)
+    engine_waiting = models.PositiveIntegerField(null=True, blank=True)
+    prefix_queries = models.BigIntegerField(null=True, blank=True)
+    prefix_hits = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "engine_model_id"],

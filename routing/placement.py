@@ -21,6 +21,7 @@ class Worker:
     verified: bool  # every card's serving verified, none flagged, the node not held out
     renter_id: int | None  # a rented card answers only its renter's keys (-1: nobody's)
     ramp: float = 1.0  # the share of its weight a worker new to traffic takes yet (balancer)
+    engine_queue: int = 0  # running + waiting, as the engine's /metrics last said (0: unknown)
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,8 @@ def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
             # New to traffic since the latest of: verified, deployed, back online.
             ramp=balancer.ramp((now - max(
                 routed_since.get((d.node_id, d.engine_model_id), d.first_seen_at),
-                d.first_seen_at, d.node.status_changed_at)).total_seconds())))
+                d.first_seen_at, d.node.status_changed_at)).total_seconds()),
+            engine_queue=(d.engine_running or 0) + (d.engine_waiting or 0)))
     frozen = {name: tuple(ws) for name, ws in workers.items()}
     digest = hashlib.sha256(json.dumps(
         [[(e.name, e.context_length, [(t.isoformat(), p.price_id) for t, p in e.prices])

@@ -56,21 +56,54 @@ def deployments_sync(*, node_id: int, now: datetime | None = None) -> list[int]:
     return ids
 
 
-async def _check(client: httpx.AsyncClient, url: str) -> str:
-    """'' when the engine answers its health route, else why not."""
+async def _check(client: httpx.AsyncClient, url: str) -> tuple[str, dict]:
+    """('' when the engine answers its health route, else why not; what its /metrics says)."""
     base = url.rstrip("/")
     try:
         response = await client.get(f"{base}/health", timeout=HEALTH_TIMEOUT_S)
         if response.status_code == 404:  # llama-cpp-python's server has no /health
             response = await client.get(f"{base}/v1/models", timeout=HEALTH_TIMEOUT_S)
     except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"[:256]
-    if response.status_code == 200:
-        return ""
-    return f"GET {response.request.url.path} answered {response.status_code}"
+        return f"{type(exc).__name__}: {exc}"[:256], {}
+    if response.status_code != 200:
+        return f"GET {response.request.url.path} answered {response.status_code}", {}
+    try:
+        metrics = await client.get(f"{base}/metrics", timeout=HEALTH_TIMEOUT_S)
+    except httpx.HTTPError:
+        return "", {}
+    return "", engine_metrics(metrics.text) if metrics.status_code == 200 else {}
 
 
-async def _check_all(urls: dict[int, str]) -> dict[int, str]:
+# Where each engine says what the pool page and the balancer read (vLLM v1's names; llama-server
+# with --metrics has its queue but no prefix cache counters).
+_ENGINE_METRICS = {
+    "vllm:num_requests_running": "engine_running",
+    "vllm:num_requests_waiting": "engine_waiting",
+    "vllm:prefix_cache_queries": "prefix_queries",
+    "vllm:prefix_cache_hits": "prefix_hits",
+    "llamacpp:requests_processing": "engine_running",
+    "llamacpp:requests_deferred": "engine_waiting",
+}
+
+
+def engine_metrics(text: str) -> dict:
+    """The Deployment fields an engine's Prometheus text gives (summed over its samples);
+    {} for text that does not parse."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:  # a counter's samples end in _total
+                field = _ENGINE_METRICS.get(sample.name.removesuffix("_total"))
+                if field is not None:
+                    found[field] = found.get(field, 0.0) + sample.value
+    except ValueError:
+        return {}
+    return {field: int(value) for field, value in found.items() if value >= 0}
+
+
+async def _check_all(urls: dict[int, str]) -> dict[int, tuple[str, dict]]:
     async with httpx.AsyncClient() as client:
         results = await asyncio.gather(*(_check(client, url) for url in urls.values()))
     return dict(zip(urls, results, strict=True))
@@ -86,12 +119,14 @@ def deployments_check_health(*, now: datetime | None = None) -> dict[int, str]:
     urls = dict(Node.objects.filter(status=Node.Status.ONLINE, deployments__reported=True)
                 .exclude(engine_connect_url="").values_list("pk", "engine_connect_url")
                 .distinct())
-    results = asyncio.run(_check_all(urls)) if urls else {}
-    for node_id, error in results.items():
+    checked = asyncio.run(_check_all(urls)) if urls else {}
+    results = {node_id: error for node_id, (error, _) in checked.items()}
+    for node_id, (error, metrics) in checked.items():
         rows = Deployment.objects.filter(node_id=node_id, reported=True)
         if not error:
             rows.update(healthy=True, health_failures=0, health_checked_at=now,
-                        health_error="")
+                        health_error="", **{name: metrics.get(name) for name in
+                                            set(_ENGINE_METRICS.values())})
         else:
             rows.update(health_failures=F("health_failures") + 1, health_checked_at=now,
                         health_error=error)

@@ -6,4 +6,5 @@ urlpatterns = [
     *(path(route, view, name=route.replace("/", "-")) for route, view in views.V1.items()),
     re_path(r"^v1/(?P<rest>.*)$", views.not_found),
     path("metrics", views.prometheus, name="metrics"),
+    path("staff/pool/", views.pool_page, name="staff-pool"),
 ]

@@ -4,8 +4,10 @@ import hmac
 import ipaddress
 
 from django.conf import settings
+from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 
 from routing import metrics, openai, proxy
@@ -95,3 +97,15 @@ async def prometheus(request):
                             "token.\n", status=403, content_type="text/plain")
     await POOL.current()
     return HttpResponse(metrics.render(), content_type="text/plain; version=0.0.4")
+
+
+POOL_PAGE_REFRESH_S = 5
+
+
+@staff_member_required
+def pool_page(request):
+    """Staff only: the workers a router places on now, live (routing/selectors.py)."""
+    from routing import selectors
+
+    return render(request, "routing/pool.html", {"pool": selectors.pool_overview(),
+                                                  "refresh_s": POOL_PAGE_REFRESH_S})
