@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="drop each stream's connection after N tokens (fault injection)")
     serve.add_argument("--max-concurrency", type=_positive_int, metavar="N",
                        help="override the profile's number of concurrently running requests")
+    serve.add_argument("--enable-prompt-tokens-details", action="store_true",
+                       help="as vLLM's flag: usage says how many prompt tokens were cached")
     serve.set_defaults(command=cmd_serve)
 
     up = commands.add_parser("up", help="run a fleet: engine servers plus the real node agent")
@@ -97,7 +99,8 @@ def cmd_serve(args) -> int:
     profile = get_profile(args.profile)
     app = EngineServer(profile, time_scale=args.time_scale,
                        die_after_tokens=args.die_after_tokens,
-                       max_concurrency=args.max_concurrency)
+                       max_concurrency=args.max_concurrency,
+                       prompt_tokens_details=args.enable_prompt_tokens_details)
     print(f"fleetsim: {profile.title} serving {profile.model} at http://{args.host}:{args.port} "
           f"(time scale {args.time_scale:g})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="off")

@@ -51,12 +51,15 @@ class EngineServer:
 
     time_scale divides every delay (tests run 10-100x faster than the card); die_after_tokens
     drops each streamed response's connection after that many tokens, like a crashed worker;
-    max_concurrency overrides the profile's (tests use it to queue with few requests).
+    max_concurrency overrides the profile's (tests use it to queue with few requests);
+    prompt_tokens_details is vLLM's --enable-prompt-tokens-details: a vLLM profile's usage then
+    says how many prompt tokens came from its prefix cache (`cached_tokens`).
     """
 
     def __init__(self, profile: Profile, *, time_scale: float = 1.0,
                  die_after_tokens: int | None = None, max_concurrency: int | None = None,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS):
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS,
+                 prompt_tokens_details: bool = False):
         self.profile = profile
         if die_after_tokens is not None and die_after_tokens < 1:
             raise ValueError("die_after_tokens must be at least 1")
@@ -65,6 +68,7 @@ class EngineServer:
         self.default_max_tokens = default_max_tokens
         self.started = int(time.time())
         self.is_vllm = profile.engine == "vllm"
+        self.prompt_tokens_details = prompt_tokens_details
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -296,7 +300,8 @@ class _Reply:
         usage = {"prompt_tokens": n_prompt, "total_tokens": n_prompt + self.req.emitted,
                  "completion_tokens": self.req.emitted}
         if self.vllm:
-            usage["prompt_tokens_details"] = None
+            usage["prompt_tokens_details"] = ({"cached_tokens": self.req.cached_tokens}
+                                              if self.server.prompt_tokens_details else None)
         return usage
 
     def timings(self) -> dict:

@@ -69,6 +69,18 @@ def test_completions_non_streamed(engine, client):
                              "prompt_tokens_details": None}
 
 
+def test_prompt_tokens_details_say_what_the_prefix_cache_held(engine, client):
+    url, _ = engine("h200", time_scale=FAST, prompt_tokens_details=True)
+    prompt = "Compare these cards for serving a long conversation. " * 20
+    first = client.post(url + "/v1/completions", json={"model": MODEL, "prompt": prompt,
+                                                       "max_tokens": 2}).json()["usage"]
+    again = client.post(url + "/v1/completions", json={"model": MODEL, "prompt": prompt,
+                                                       "max_tokens": 2}).json()["usage"]
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = again["prompt_tokens_details"]["cached_tokens"]
+    assert again["prompt_tokens"] - 16 <= cached < again["prompt_tokens"]
+
+
 def test_default_max_tokens(engine, client):
     url, _ = engine("h200", time_scale=FAST, default_max_tokens=9)
     body = client.post(url + "/v1/chat/completions", json=chat()).json()
