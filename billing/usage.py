@@ -18,6 +18,7 @@ process moves the spool back to Redis once Redis answers, as does `drain` on the
 Without REDIS_URL (the zero-setup demo), the spool is the journal.
 """
 
+import itertools
 import json
 import logging
 import os
@@ -37,6 +38,9 @@ from config.redis import REDIS_ERRORS, redis_client
 log = logging.getLogger(__name__)
 
 KEY = "rigshare:usage"  # request id -> the record's JSON
+# Request id -> unix time: holds to give back whose request delivered nothing, but whose reserve
+# or release could not be confirmed (the database went away in the middle of it).
+RELEASES = "rigshare:usage:releases"
 CHECKPOINT_S = 2.0  # a stream's usage is recorded at least this often while it runs
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -123,12 +127,26 @@ def recorded(request_ids: list[str]) -> dict[str, Record]:
     return found
 
 
+def release_later(request_id: str) -> None:
+    """The request delivered nothing, and whether its hold exists or was given back is not
+    known: `drain` gives it back once the database answers. Without Redis, the hold expires
+    into a release (nothing is recorded for it) instead."""
+    if not settings.REDIS_URL:
+        return
+    try:
+        redis_client().hset(RELEASES, request_id, str(time.time()))
+    except REDIS_ERRORS:
+        log.warning("usage journal: Redis away; %s's hold is given back when it expires",
+                    request_id)
+
+
 # --- settling what was recorded (Celery) ---
 
 def drain(*, limit: int = 5000) -> int:
     """Settle every final record; drop records whose hold is already closed (settled or
     released by the request itself). Returns how many requests it billed."""
     _spool_flush()
+    _releases(limit)
     records = _all_records(limit)
     if not records:
         return 0
@@ -149,6 +167,23 @@ def drain(*, limit: int = 5000) -> int:
                           state, entry.dumps())
             forget(request_id)
     return billed
+
+
+def _releases(limit: int) -> None:
+    if not settings.REDIS_URL:
+        return
+    client = redis_client()
+    pending = [field.decode() for field, _ in
+               itertools.islice(client.hscan_iter(RELEASES, count=500), limit)]
+    if not pending:
+        return
+    held = set(Hold.objects.filter(request_id__in=pending, status=Hold.Status.PENDING)
+               .values_list("request_id", flat=True))
+    for request_id in pending:
+        if request_id in held and not recorded([request_id]):
+            metering.release(request_id=request_id)
+        # No hold (its reserve never committed), or already closed: nothing to give back.
+        client.hdel(RELEASES, request_id)
 
 
 def holds_expire(*, now: datetime | None = None) -> int:

@@ -303,7 +303,7 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
             await _abandon(attempt)
             return _error(refused.args[0], outcome)
         except openai.ApiError as exc:  # the engine refused the request itself (4xx)
-            await _release(await _hold_once_known(hold, reserving))
+            await _release(await _hold_once_known(hold, reserving, outcome.request_id))
             return _error(exc, outcome)
         except BaseException:
             # Cancelled (the client left) or a bug: nothing was delivered, but the engine
@@ -315,11 +315,11 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
         finally:
             if not handed_over:
                 _slot_free(worker)
-    await _release(await _hold_once_known(hold, reserving))
+    await _release(await _hold_once_known(hold, reserving, outcome.request_id))
     return _error(last_error, outcome)
 
 
-async def _hold_once_known(hold, reserving) -> metering.HoldInfo | None:
+async def _hold_once_known(hold, reserving, request_id: str) -> metering.HoldInfo | None:
     """The hold to give back when no worker answered: the reserve may still be running."""
     if hold is not None or reserving is None:
         return hold
@@ -327,6 +327,9 @@ async def _hold_once_known(hold, reserving) -> metering.HoldInfo | None:
         return await asyncio.shield(reserving)  # as in _held
     except metering.MeteringError:  # refused: nothing is held
         return None
+    except Exception:  # the database went away: a hold may exist all the same
+        await calls.journal(usage_journal.release_later, request_id)
+        raise
 
 
 async def _abandon(attempt) -> None:
@@ -346,7 +349,11 @@ async def _settle_late(reserving, hold, request, worker, outcome) -> None:
     if hold is None and reserving is not None:
         try:
             hold = await reserving
-        except Exception:  # refused: nothing was held, nothing to bill
+        except metering.MeteringError:  # refused: nothing was held, nothing to bill
+            outcome.finish()
+            return
+        except Exception:  # the database went away: a hold may exist all the same
+            await calls.journal(usage_journal.release_later, outcome.request_id)
             outcome.finish()
             return
     await _settle(hold, metering.Usage(request.prompt_tokens, 0, estimated=True), worker,
@@ -597,4 +604,6 @@ async def _release(hold) -> None:
     try:
         await calls.run(metering.release, request_id=hold.request_id)
     except Exception:
-        log.exception("release failed for %s", hold.request_id)
+        log.warning("release of %s failed: given back when the database answers",
+                    hold.request_id, exc_info=True)
+        await calls.journal(usage_journal.release_later, hold.request_id)

@@ -148,3 +148,22 @@ def test_without_redis_the_spool_is_the_journal(settings, held, worker):
     assert usage.drain() == 1
     assert Charge.objects.get(request_id="r1").completion_tokens == COMPLETION
     assert not list(usage._spool_dir().glob("*.json"))
+
+
+def test_a_hold_whose_reserve_could_not_be_confirmed_is_given_back_by_the_drain(carol, held):
+    from config.redis import redis_client
+
+    usage.release_later("r1")
+    usage.release_later("never-reserved")  # its reserve did not commit: nothing to give back
+    usage.drain()
+    assert Hold.objects.get(request_id="r1").status == "released"
+    assert bal(Account.Kind.WALLET, carol) == 10_000
+    assert redis_client().hlen(usage.RELEASES) == 0
+
+
+def test_a_release_never_undoes_recorded_usage(carol, held, worker):
+    _record(held, worker)
+    usage.release_later("r1")
+    usage.drain()
+    assert Hold.objects.get(request_id="r1").status == "settled"
+    assert Charge.objects.get(request_id="r1").completion_tokens == COMPLETION
