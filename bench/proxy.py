@@ -50,7 +50,7 @@ import uuid
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
@@ -331,11 +331,24 @@ def make_rows(engine_url: str) -> str:
                               effective_at=timezone.now() - timedelta(days=1))
     EngineModel.objects.create(engine_model_id=profile.model, model=model)
     provider = User.objects.create_user("provider@bench.test", None)
-    node = Node.objects.create(owner=provider, name=f"{PROFILE}-bench",
+    verified_deployment(provider, PROFILE, engine_url)
+    consumer = User.objects.create_user("consumer@bench.test", None)
+    credits_grant(user=consumer, amount_micros=10**12, idempotency_key="bench-proxy:grant")
+    _, token = api_key_create(user=consumer, name="bench")  # no spend or rate limits
+    return token
+
+
+def verified_deployment(provider, key: str, engine_url: str,
+                        since: datetime | None = None) -> Deployment:
+    """A provider's online node running the profile's engine at `engine_url`, every card
+    verified at the profile's capacity at 32 concurrent, in traffic since `since` (now)."""
+    profile = get_profile(key)
+    since = since or timezone.now()
+    node = Node.objects.create(owner=provider, name=f"{key}-bench",
                                credential_prefix=uuid.uuid4().hex[:12],
                                credential_digest="0" * 64, status=Node.Status.ONLINE,
-                               last_heartbeat_at=timezone.now(), engine_url=engine_url,
-                               engine_connect_url=engine_url,
+                               status_changed_at=since, last_heartbeat_at=timezone.now(),
+                               engine_url=engine_url, engine_connect_url=engine_url,
                                engine_reachable=True, simulated=True)
     run = VerificationRun.objects.create(node=node, trigger="enrolment", status="done",
                                          model=profile.model)
@@ -346,14 +359,10 @@ def make_rows(engine_url: str) -> str:
                                    verification_status=Card.Verification.VERIFIED)
         VerifiedCapacity.objects.create(card=card, model=profile.model, run=run,
                                         tokens_per_s=profile.aggregate_tps(32)
-                                        / profile.gpu_count)
-    Deployment.objects.create(node=node, engine_model_id=profile.model, engine=profile.engine,
-                              max_context=profile.context_length,
-                              quantization=profile.quantization)
-    consumer = User.objects.create_user("consumer@bench.test", None)
-    credits_grant(user=consumer, amount_micros=10**12, idempotency_key="bench-proxy:grant")
-    _, token = api_key_create(user=consumer, name="bench")  # no spend or rate limits
-    return token
+                                        / profile.gpu_count, routed_since=since)
+    return Deployment.objects.create(node=node, engine_model_id=profile.model,
+                                     engine=profile.engine, max_context=profile.context_length,
+                                     quantization=profile.quantization, first_seen_at=since)
 
 
 def start(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:

@@ -5,7 +5,8 @@ one of them at random; they never talk to each other about placement).
 Workers: two fleetsim engines (`python -m fleetsim serve`), an RTX PRO 6000 and a 2x RTX 4090
 (vLLM profiles, prefix cache on, usage with `prompt_tokens_details`), at `--time-scale`.
 Sections:
-1. Capacity: closed-loop streams of unique prompts (no affinity to find) at 32 and 64 streams.
+1. Capacity: closed-loop streams of unique prompts (no affinity to find) at 32 and 64 streams,
+   tokens counted as they arrive after a warm-up.
    Rigshare against the best static split of the same streams driven straight at the two
    engines (the PRO 6000's share tried over a range). Goals: the fleet delivers at least 95%
    of that direct limit; the PRO 6000 gets at least 2.5x the tokens of the 4090 pair.
@@ -57,19 +58,19 @@ from bench.proxy import (  # noqa: E402
     pct,
     start,
     stop,
+    verified_deployment,
     wait_http,
 )
 from billing.keys import api_key_create  # noqa: E402
 from billing.models import ModelPrice  # noqa: E402
 from billing.services import credits_grant  # noqa: E402
 from fleetsim.profiles import get_profile  # noqa: E402
-from marketplace.models import Card, Node  # noqa: E402
 from routing.models import Deployment, EngineModel, Model  # noqa: E402
-from verification.models import VerificationRun, VerifiedCapacity  # noqa: E402
 
 MODEL = "qwen3-27b"
 PROFILES = ("rtx-pro-6000", "2x-rtx-4090")
 BLOCK = 16  # the engines' prefix cache block (fleetsim.engine.BLOCK_SIZE, vLLM's default)
+WARMUP_S = 4.0  # before a capacity run is measured: the closed loops settle in
 SYSTEM = ("You are a careful assistant for people who buy and rent GPUs. " * 40).strip()
 
 
@@ -103,27 +104,8 @@ def make_rows(engines: dict[str, str]) -> str:
         profile = get_profile(key)
         EngineModel.objects.get_or_create(engine_model_id=profile.model,
                                           defaults={"model": model})
-        long_ago = timezone.now() - timedelta(hours=1)  # past the cold-start ramp
-        node = Node.objects.create(owner=provider, name=f"{key}-bench",
-                                   credential_prefix=uuid.uuid4().hex[:12],
-                                   credential_digest="0" * 64, status=Node.Status.ONLINE,
-                                   status_changed_at=long_ago,
-                                   last_heartbeat_at=timezone.now(), engine_url=url,
-                                   engine_connect_url=url, engine_reachable=True,
-                                   simulated=True)
-        run = VerificationRun.objects.create(node=node, trigger="enrolment", status="done",
-                                             model=profile.model)
-        for i in range(profile.gpu_count):
-            card = Card.objects.create(node=node, index=i, uuid=f"GPU-{uuid.uuid4()}",
-                                       name=profile.gpu_name,
-                                       memory_total_mib=profile.memory_total_mib,
-                                       verification_status=Card.Verification.VERIFIED)
-            VerifiedCapacity.objects.create(card=card, model=profile.model, run=run,
-                                            tokens_per_s=profile.aggregate_tps(32)
-                                            / profile.gpu_count, routed_since=long_ago)
-        Deployment.objects.create(node=node, engine_model_id=profile.model,
-                                  engine=profile.engine, max_context=profile.context_length,
-                                  quantization=profile.quantization, first_seen_at=long_ago)
+        # In traffic for an hour: past the cold-start ramp.
+        verified_deployment(provider, key, url, since=timezone.now() - timedelta(hours=1))
     consumer = User.objects.create_user("consumer@bench.test", None)
     credits_grant(user=consumer, amount_micros=10**13, idempotency_key="bench-routing:grant")
     _, token = api_key_create(user=consumer, name="bench")
@@ -131,7 +113,10 @@ def make_rows(engines: dict[str, str]) -> str:
 
 
 async def stream(client: httpx.AsyncClient, url: str, model: str, messages: list,
-                 max_tokens: int, headers: dict) -> Result:
+                 max_tokens: int, headers: dict,
+                 window: tuple[float, float] = (0.0, float("inf"))) -> Result:
+    """One streamed chat completion; `tokens` counts the content chunks that arrived within
+    `window` (perf_counter times)."""
     started = time.perf_counter()
     ttft, tokens, usage, worker = None, 0, {}, url
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
@@ -151,9 +136,10 @@ async def stream(client: httpx.AsyncClient, url: str, model: str, messages: list
                     usage = chunk["usage"]
                 for choice in chunk.get("choices") or ():
                     if (choice.get("delta") or {}).get("content"):
-                        tokens += 1
+                        now = time.perf_counter()
+                        tokens += window[0] <= now <= window[1]
                         if ttft is None:
-                            ttft = time.perf_counter() - started
+                            ttft = now - started
     except httpx.HTTPError:
         return Result(url, 0.0, 0, ok=False)
     details = usage.get("prompt_tokens_details") or {}
@@ -165,11 +151,13 @@ async def stream(client: httpx.AsyncClient, url: str, model: str, messages: list
 
 async def capacity_run(target: Target, streams: int, seconds: float, max_tokens: int,
                        pro_streams: int | None = None) -> tuple[float, Counter]:
-    """Tokens/s over `seconds` of `streams` closed-loop clients; tokens per worker. Direct:
+    """Tokens/s of `streams` closed-loop clients, counted as they arrive over `seconds` after
+    a warm-up in which every client's first streams settle in; tokens per worker. Direct:
     `pro_streams` of the clients drive the PRO 6000, the rest the pair."""
     rng = random.Random(streams)
     per_worker: Counter = Counter()
-    end = time.perf_counter() + seconds
+    begin = time.perf_counter() + WARMUP_S
+    end = begin + seconds
     limits = httpx.Limits(max_connections=streams * 2, max_keepalive_connections=streams * 2)
 
     async def client_loop(c: int, http: httpx.AsyncClient):
@@ -180,9 +168,9 @@ async def capacity_run(target: Target, streams: int, seconds: float, max_tokens:
                 url = target.urls[0] if c < pro_streams else target.urls[1]
             messages = [{"role": "user", "content": f"Unique request {uuid.uuid4()}: "
                          "say something about GPUs."}]
-            r = await stream(http, url, target.model, messages, max_tokens, target.headers)
-            if time.perf_counter() <= end:
-                per_worker[r.worker] += r.tokens
+            r = await stream(http, url, target.model, messages, max_tokens, target.headers,
+                             (begin, end))
+            per_worker[r.worker] += r.tokens
 
     async with httpx.AsyncClient(timeout=120, limits=limits) as http:
         await asyncio.gather(*(client_loop(c, http) for c in range(streams)))

@@ -105,7 +105,7 @@ def ramp(age_s: float) -> float:
 def weight(worker: Worker) -> float:
     """The worker's weight: its verified capacity on a log grid (a renter's own unverified
     card counts 1), times its ramp."""
-    return float(_weights([worker])[0])
+    return _weights([worker])[0].item()
 
 
 def _weights(workers: Sequence[Worker]) -> np.ndarray:
