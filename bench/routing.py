@@ -16,6 +16,8 @@ Sections:
    engines' word, not the router's headers. Against each conversation pinned to one engine
    (always the same worker, three conversations in four on the PRO 6000). Goals: at least 97% of follow-ups hit; follow-up TTFT p50 within
    1.2x of pinned.
+3. Context: prompts that both workers hold, that only the PRO 6000 holds, and that none does
+   (a 400 `context_length_exceeded`).
 Run by `make bench-routing`; figures in docs/benchmarks.md.
 """
 
@@ -95,7 +97,7 @@ class Target:
 
 
 def make_rows(engines: dict[str, str]) -> str:
-    model = Model.objects.create(name=MODEL, context_length=32_768)
+    model = Model.objects.create(name=MODEL, context_length=262_144)
     ModelPrice.objects.create(model=MODEL, input_micros_per_mtok=200_000,
                               output_micros_per_mtok=800_000,
                               effective_at=timezone.now() - timedelta(days=1))
@@ -217,6 +219,22 @@ async def affinity_run(target: Target, conversations: list[list[str]], concurren
     return follow_ups
 
 
+async def context_run(target: Target, words: int, n: int) -> list[str]:
+    """Who answered each of `n` prompts of `words` words: a worker ref, or the error."""
+    prompt = " ".join(["card"] * words)
+
+    async def one(http):
+        resp = await http.post(f"{target.urls[0]}/v1/chat/completions", headers=target.headers,
+                               json={"model": target.model, "max_tokens": 1,
+                                     "messages": [{"role": "user", "content": prompt}]})
+        if resp.status_code == 200:
+            return resp.headers.get("x-rigshare-worker", "?")
+        return f"{resp.status_code} {resp.json()['error'].get('code')}"
+
+    async with httpx.AsyncClient(timeout=300) as http:
+        return list(await asyncio.gather(*(one(http) for _ in range(n))))
+
+
 def hit(result: Result, previous_prompt: int) -> bool:
     return result.ok and result.cached_tokens >= previous_prompt - BLOCK
 
@@ -312,7 +330,22 @@ def main() -> int:
         print(f"  goal 97% of follow-ups hit: {hit_rate:.1%}: "
               f"{'met' if hit_rate >= 0.97 else 'MISSED'}; goal follow-up TTFT p50 within "
               f"1.2x of pinned: {ttft_ratio:.2f}x: {'met' if ttft_ratio <= 1.2 else 'MISSED'}")
-        print("\nsections 3-6 (context, hot spot, churn, peers) are not measured yet")
+        print("\n3. context (one word a token; max_tokens 1)")
+        pair_context = get_profile(PROFILES[1]).context_length
+        for words, expect in ((40_000, "any"), (pair_context + 20_000, PROFILES[0]),
+                              (300_000, "400")):
+            answers = asyncio.run(context_run(rigshare, words, 3))
+            seen = Counter(refs.get(a, a) for a in answers)
+            if expect == "400":
+                good = set(seen) == {"400 context_length_exceeded"}
+            elif expect == "any":
+                good = all(k in PROFILES for k in seen)
+            else:
+                good = set(seen) == {expect}
+            print(f"  ~{words:,}-token prompt: {dict(seen)} (should reach "
+                  f"{'every worker that holds it' if expect == 'any' else expect}: "
+                  f"{'met' if good else 'MISSED'})")
+        print("\nsections 4-6 (hot spot, churn, peers) are not measured yet")
     finally:
         for proc in procs:
             stop(proc)
