@@ -88,6 +88,8 @@ def model(transactional_db):
                               output_micros_per_mtok=OUT_PER_MTOK,
                               effective_at=timezone.now() - timedelta(days=1))
     EngineModel.objects.create(engine_model_id="Qwen/Qwen3-27B", model=row)
+    # A refresh may have run between the `v1` fixture's invalidation and these rows.
+    POOL.invalidate()
     return row
 
 
