@@ -1,8 +1,8 @@
 """Metering for the inference API: reserve before a call, settle or release after it.
 
 Callers pass and get plain values (KeyInfo, HoldInfo, ChargeInfo), never model instances, so
-the request path holds no ORM objects. Every failure a client should see is a MeteringError
-carrying an OpenAI-style error object and its HTTP status.
+the request path holds no ORM objects. Every refusal a client should hear of is a
+MeteringError subclass; routing/errors.py says how /v1 answers each.
 
 Reserve and settle run twice per inference request, so on PostgreSQL each is one call of a
 database function (billing/migrations/0004_metering_functions.py): one round trip, which is
@@ -22,6 +22,15 @@ from django.db.models import F
 from django.utils import timezone
 
 from billing import ledger, pricing, ratelimit
+from billing.errors import (
+    HoldClosed,
+    InsufficientBalance,
+    KeySpendLimitReached,
+    MeteringError,
+    ModelNotAllowed,
+    NoPrice,
+    RateLimited,
+)
 from billing.keys import KeyInfo
 from billing.models import Account, Charge, Hold, KeySpend, ModelPrice, Transfer
 
@@ -29,30 +38,16 @@ HOLD_TTL = timedelta(hours=2)  # longer than any request may run; then billing.u
 SQL_FUNCTIONS = True  # on PostgreSQL, reserve and settle through the database functions
 
 
-class MeteringError(Exception):
-    def __init__(self, status: int, code: str, message: str, type_: str):
-        super().__init__(message)
-        self.status, self.code, self.message, self.type = status, code, message, type_
-
-    def as_openai(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": None,
-                          "code": self.code}}
-
-
 def _insufficient() -> MeteringError:
-    return MeteringError(402, "insufficient_quota", "Your balance is too low for this request: "
-                         "top up your credit.", "insufficient_quota")
+    return InsufficientBalance("Your balance is too low for this request: top up your credit.")
 
 
 def _key_limit_reached(key: "KeyInfo") -> MeteringError:
-    return MeteringError(429, "key_limit_reached",
-                         f"This API key has reached its {key.spend_period} spend limit.",
-                         "insufficient_quota")
+    return KeySpendLimitReached(f"This API key has reached its {key.spend_period} spend limit.")
 
 
 def _hold_closed(request_id: str, status: str) -> MeteringError:
-    return MeteringError(409, "hold_closed", f"Request {request_id} was already {status}; "
-                         "nothing to settle.", "invalid_request_error")
+    return HoldClosed(f"Request {request_id} was already {status}; nothing to settle.")
 
 
 @dataclass(frozen=True)
@@ -100,8 +95,7 @@ def price_at(model: str, at: datetime | None = None) -> Price:
     row = (ModelPrice.objects.filter(model=model, effective_at__lte=at or timezone.now())
            .order_by("-effective_at").first())
     if row is None:
-        raise MeteringError(404, "model_not_found", f"The model '{model}' has no price.",
-                            "invalid_request_error")
+        raise NoPrice(f"The model '{model}' has no price.")
     return Price(row.pk, row.input_micros_per_mtok, row.output_micros_per_mtok)
 
 
@@ -126,18 +120,16 @@ def _in_database() -> bool:
 
 def reserve(*, key: KeyInfo, model: str, price: Price, max_cost: int, request_id: str,
             tokens: int, now: datetime | None = None) -> HoldInfo:
-    """Hold the request's worst-case cost. Fails fast: model not allowed (403), rate limit or
-    key spend limit (429), balance too low (402). Replaying a request id returns its hold."""
+    """Hold the request's worst-case cost. Fails fast: model not allowed, rate limit, key
+    spend limit, balance too low. Replaying a request id returns its hold."""
     now = now or timezone.now()
     if key.allowed_models and model not in key.allowed_models:
-        raise MeteringError(403, "model_not_allowed", f"This API key may not use '{model}'.",
-                            "permission_error")
+        raise ModelNotAllowed(f"This API key may not use '{model}'.")
     broken = ratelimit.take(key_id=key.key_id, requests_limit=key.requests_per_minute,
                             tokens_limit=key.tokens_per_minute, tokens=tokens)
     if broken:
-        raise MeteringError(429, "rate_limit_exceeded",
-                            f"This API key's {broken}-per-minute limit is reached; retry in a "
-                            "minute.", "rate_limit_error")
+        raise RateLimited(f"This API key's {broken}-per-minute limit is reached; retry in a "
+                          "minute.")
     if max_cost <= 0:
         max_cost = 1  # a hold is never empty: settle needs something to draw from
     wallet = ledger.account_id(Account.Kind.WALLET, key.user_id)

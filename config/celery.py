@@ -24,6 +24,7 @@ app.conf.beat_schedule = {
                              "schedule": 5.0},
     "deployments-check-health": {"task": "routing.tasks.deployments_check_health",
                                  "schedule": 10.0},
+    "pool-changes-trim": {"task": "routing.tasks.pool_changes_trim", "schedule": 60.0},
     "verification-sweep": {"task": "verification.tasks.verification_sweep", "schedule": 15.0},
     "verification-weekly": {"task": "verification.tasks.verification_weekly",
                             "schedule": 3600.0},

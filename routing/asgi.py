@@ -15,9 +15,9 @@ import asyncio
 import io
 
 from django.core.handlers.asgi import ASGIRequest
-from django.http import JsonResponse
 
-from routing import openai, proxy, views
+from routing import errors, proxy, views
+from routing.proxy import error_response
 
 ROUTES = {f"/{path}": view for path, view in views.V1.items()}
 
@@ -34,9 +34,7 @@ class Application:
         if body is None:  # the client left while sending it
             return
         if body is _TOO_LARGE:
-            return await _send(JsonResponse(openai.error_body(
-                f"The request body is larger than {openai.MAX_BODY_BYTES} bytes.",
-                type_="invalid_request_error", code="request_too_large"), status=413), send)
+            return await _send(error_response(errors.RequestTooLarge()), send)
         request = ASGIRequest(scope, io.BytesIO(body))
         # The view runs in this task: as a task of its own it would wait for the event loop's
         # next turn, behind a chunk of every stream being relayed. A watcher cancels it when
@@ -66,7 +64,7 @@ _TOO_LARGE = object()
 
 
 async def _read_body(receive):
-    """The body; _TOO_LARGE past openai.MAX_BODY_BYTES (read on, kept no more); None if the
+    """The body; _TOO_LARGE past errors.MAX_BODY_BYTES (read on, kept no more); None if the
     client left while sending it."""
     chunks, size = [], 0
     while True:
@@ -75,10 +73,10 @@ async def _read_body(receive):
             return None
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size <= openai.MAX_BODY_BYTES:
+        if size <= errors.MAX_BODY_BYTES:
             chunks.append(chunk)
         if not message.get("more_body"):
-            return b"".join(chunks) if size <= openai.MAX_BODY_BYTES else _TOO_LARGE
+            return b"".join(chunks) if size <= errors.MAX_BODY_BYTES else _TOO_LARGE
 
 
 async def _disconnected(receive) -> None:

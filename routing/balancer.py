@@ -29,19 +29,20 @@ on an affinity key, bounded by load. Pure: plain values in, plain values out, no
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from routing.placement import Worker
+from routing.placement import Fleet, Worker
 
 LOAD_FACTOR = 1.25
 LOAD_SLACK = 2  # requests: a worker with little load takes a few over its share
 WEIGHT_STEPS = 8  # per doubling: weights move in ~9% steps
 PROMPT_KEY_CHARS = 2048  # ~512 tokens of a completion's prompt
 RAMP_STEPS = 4  # a new worker's weight: 1/4, 2/4, 3/4, then all of it...
-RAMP_STEP_S = 60.0  # ...a step a minute
+RAMP_STEP_S = float(os.environ.get("RIGSHARE_RAMP_STEP_S", "60"))  # ...a step a minute
 
 HIT, SPILL, NEW = "hit", "spill", "new"
 
@@ -99,21 +100,27 @@ def affinity(body: dict, endpoint: str, session: str | None = None) -> Affinity:
 def ramp(age_s: float) -> float:
     """The share of its weight a worker takes `age_s` seconds after it came to traffic: in
     whole steps, so every process agrees but at a step's very edge."""
-    return min(1.0, (max(age_s, 0.0) // RAMP_STEP_S + 1) / RAMP_STEPS)
+    return float(ramps(np.array([age_s]))[0])
+
+
+def ramps(ages_s: np.ndarray) -> np.ndarray:
+    """`ramp` of each age."""
+    return np.minimum(1.0, (np.maximum(ages_s, 0.0) // RAMP_STEP_S + 1) / RAMP_STEPS)
 
 
 def weight(worker: Worker) -> float:
     """The worker's weight: its verified capacity on a log grid (a renter's own unverified
     card counts 1), times its ramp."""
-    return _weights([worker])[0].item()
+    return _weights(Fleet([worker]))[0].item()
 
 
-def _weights(workers: Sequence[Worker]) -> np.ndarray:
-    n = len(workers)
-    capacity = np.fromiter((w.capacity_tps for w in workers), np.float64, n)
-    ramps = np.fromiter((w.ramp for w in workers), np.float64, n)
-    grid = np.round(np.log2(np.maximum(capacity, 1.0)) * WEIGHT_STEPS) / WEIGHT_STEPS
-    return np.exp2(grid) * ramps
+def _weights(fleet: Fleet) -> np.ndarray:
+    weights = fleet.memo.get("weight")
+    if weights is None:
+        capacity = fleet.cols["capacity"]
+        grid = np.round(np.log2(np.maximum(capacity, 1.0)) * WEIGHT_STEPS) / WEIGHT_STEPS
+        weights = fleet.memo["weight"] = np.exp2(grid) * fleet.cols["ramp"]
+    return weights
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -126,36 +133,39 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _scores(key: bytes, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def _scores(key: bytes, fleet: Fleet) -> np.ndarray:
     """`-w / ln(U)` per worker, U uniform in (0, 1) from (key, deployment id): the same on
-    every machine (fixed-width integer arithmetic, no salted hash)."""
+    every machine (fixed-width integer arithmetic, no salted hash). The deployment ids' half
+    of the hash is kept with the fleet; a request mixes in its key."""
+    mixed = fleet.memo.get("mixed")
+    if mixed is None:
+        mixed = fleet.memo["mixed"] = _mix(fleet.cols["id"].astype(np.uint64) * _GOLDEN)
     seed = np.uint64(int.from_bytes(key[:8], "little") ^ int.from_bytes(key[8:16], "little"))
-    bits = _mix(_mix(ids.astype(np.uint64) * _GOLDEN) ^ seed)
-    uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
-    return -weights / np.log(uniform)
+    uniform = ((_mix(mixed ^ seed) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+    return -_weights(fleet) / np.log(uniform)
 
 
-def rank(workers: Sequence[Worker], key: bytes) -> list[Worker]:
+def rank(workers: Sequence[Worker] | Fleet, key: bytes) -> list[Worker]:
     """Every worker, best first, for this key."""
-    ids = np.fromiter((w.deployment_id for w in workers), np.int64, len(workers))
-    weights = _weights(workers)
-    return [workers[i] for i in np.argsort(-_scores(key, ids, weights), kind="stable")]
+    fleet = Fleet.of(workers)
+    return [fleet[i] for i in np.argsort(-_scores(key, fleet), kind="stable")]
 
 
 TOP = 8  # the ranking's head that placement walks; the whole ranking only if all are too busy
 
 
-def place(workers: Sequence[Worker], affinity: Affinity, load: Mapping[int, int],
-          limit: int = 2) -> Placement:
+def place(workers: Sequence[Worker] | Fleet, affinity: Affinity,
+          load: Mapping[int, int] | None = None, limit: int = 2) -> Placement:
     """Up to `limit` workers for the request: the first in the key's ranking under its load
-    bound, then the ranking's next ones as retries. `load`: requests in flight per deployment
-    id, every server process's."""
-    n = len(workers)
+    bound, then the ranking's next ones as retries. In flight per worker: the fleet's load
+    column (every router process's, as last exchanged) plus `load` (requests per deployment
+    id sent since)."""
+    fleet = Fleet.of(workers)
+    n = len(fleet)
     if not n:
         return Placement((), NEW)
-    ids = np.fromiter((w.deployment_id for w in workers), np.int64, n)
-    weights = _weights(workers)
-    scores = _scores(affinity.key, ids, weights)
+    weights = _weights(fleet)
+    scores = _scores(affinity.key, fleet)
     if n > TOP:
         head = np.argpartition(-scores, TOP)[:TOP]
         order = head[np.argsort(-scores[head], kind="stable")]
@@ -163,8 +173,7 @@ def place(workers: Sequence[Worker], affinity: Affinity, load: Mapping[int, int]
         order = np.argsort(-scores, kind="stable")
     # The routers' own count, or the engine's queue where it says more (traffic that did not
     # come through these routers, or requests it still holds).
-    inflight = np.fromiter((max(load.get(w.deployment_id, 0), w.engine_queue)
-                            for w in workers), np.float64, n)
+    inflight = np.maximum(fleet.load_plus(load or {}), fleet.cols["queue"])
     share = (inflight.sum() + 1) / weights.sum()
     within = inflight + 1 <= LOAD_FACTOR * share * weights + LOAD_SLACK
     if not within[order].any():  # the head is busy: walk the whole ranking
@@ -173,4 +182,4 @@ def place(workers: Sequence[Worker], affinity: Affinity, load: Mapping[int, int]
     # The retry is the next in the ranking; those over their bound come last (TOP > limit).
     picked = [*order[chosen:], *order[:chosen]][:limit]
     verdict = NEW if not affinity.follow_up else (HIT if chosen == 0 else SPILL)
-    return Placement(tuple(workers[i] for i in picked), verdict)
+    return Placement(tuple(fleet[int(i)] for i in picked), verdict)

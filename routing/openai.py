@@ -1,4 +1,5 @@
-"""The OpenAI request and error shapes the /v1 endpoints accept and answer: pure, no I/O.
+"""The OpenAI request shape the /v1 endpoints accept: pure, no I/O. What they answer when
+they refuse: routing/errors.py.
 
 Requests are checked as far as routing and billing need (model, messages or prompt, token
 bounds, streaming options); everything else passes through to the engine, which checks it
@@ -9,34 +10,19 @@ import json
 import math
 from dataclasses import dataclass
 
-MAX_BODY_BYTES = 4 * 1024 * 1024  # settings.DATA_UPLOAD_MAX_MEMORY_SIZE matches it
+from routing.errors import (
+    MAX_BODY_BYTES,
+    ApiError,
+    ErrorCode,
+    InvalidRequest,
+    RequestTooLarge,
+)
+
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Sampling parameters and the ranges OpenAI accepts: outside them it answers 400, and so do we
 # (an engine may take a temperature of 50 and stream noise that the client pays for).
 SAMPLING_RANGES = {"temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2),
                    "frequency_penalty": (-2, 2)}
-
-
-class ApiError(Exception):
-    """Answered as `{"error": {"message", "type", "param", "code"}}` with its HTTP status."""
-
-    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = (
-            status, message, type_, param, code)
-
-    def body(self) -> dict:
-        return error_body(self.message, type_=self.type, param=self.param, code=self.code)
-
-
-def error_body(message: str, *, type_: str, param: str | None = None,
-               code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
 
 
 @dataclass(frozen=True)
@@ -55,19 +41,19 @@ class InferenceRequest:
 
 def parse(raw: bytes, endpoint: str) -> InferenceRequest:
     if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.",
-                       code="request_too_large")
+        raise RequestTooLarge()
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        raise invalid("The body must be a JSON object: we could not parse it as JSON.") from None
+        raise InvalidRequest("The body must be a JSON object: we could not parse it as "
+                             "JSON.") from None
     except RecursionError:  # the decoder gives up at the interpreter's depth, not at the end
-        raise invalid("The body is nested too deeply to be a request.") from None
+        raise InvalidRequest("The body is nested too deeply to be a request.") from None
     if not isinstance(body, dict):
-        raise invalid("The body must be a JSON object.")
+        raise InvalidRequest("The body must be a JSON object.")
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
-        raise invalid("You must provide a model parameter.", "model")
+        raise InvalidRequest("You must provide a model parameter.", "model")
     if endpoint == "chat":
         prompt_bytes, parts = _messages(body.get("messages"))
     else:
@@ -76,28 +62,28 @@ def parse(raw: bytes, endpoint: str) -> InferenceRequest:
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise invalid("'stream' must be a boolean.", "stream")
+        raise InvalidRequest("'stream' must be a boolean.", "stream")
     include_usage = False
     options = body.get("stream_options")
     if options is not None:
         if not stream:
-            raise invalid("'stream_options' is only allowed when 'stream' is true.",
-                          "stream_options")
+            raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.",
+                                 "stream_options")
         if not isinstance(options, dict):
-            raise invalid("'stream_options' must be an object.", "stream_options")
+            raise InvalidRequest("'stream_options' must be an object.", "stream_options")
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
-            raise invalid("'stream_options.include_usage' must be a boolean.",
-                          "stream_options.include_usage")
+            raise InvalidRequest("'stream_options.include_usage' must be a boolean.",
+                                 "stream_options.include_usage")
     _sampling(body)
     n = body.get("n", 1)
     if n is not None and (not _is_int(n) or n != 1):
-        raise invalid("Only n=1 is supported.", "n")
+        raise InvalidRequest("Only n=1 is supported.", "n")
     param = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
     max_tokens = body.get(param)
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
-        raise invalid(f"'{param}' must be an integer of at least 1.", param)
+        raise InvalidRequest(f"'{param}' must be an integer of at least 1.", param)
     return InferenceRequest(endpoint, model, body, stream, include_usage, max_tokens, param,
                             prompt_tokens_estimate(prompt_bytes, parts))
 
@@ -119,27 +105,30 @@ def _sampling(body: dict) -> None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-            raise invalid(f"Invalid type for '{name}': expected a number, but got "
-                          f"{type(value).__name__} instead.", name, "invalid_type")
+            raise InvalidRequest(f"Invalid type for '{name}': expected a number, but got "
+                                 f"{type(value).__name__} instead.", name,
+                                 code=ErrorCode.INVALID_TYPE)
         if value > high:
-            raise invalid(f"Invalid '{name}': decimal above maximum value. Expected a value <= "
-                          f"{high}, but got {value} instead.", name, "decimal_above_max_value")
+            raise InvalidRequest(f"Invalid '{name}': decimal above maximum value. Expected a "
+                                 f"value <= {high}, but got {value} instead.", name,
+                                 code=ErrorCode.DECIMAL_ABOVE_MAX_VALUE)
         if value < low:
-            raise invalid(f"Invalid '{name}': decimal below minimum value. Expected a value >= "
-                          f"{low}, but got {value} instead.", name, "decimal_below_min_value")
+            raise InvalidRequest(f"Invalid '{name}': decimal below minimum value. Expected a "
+                                 f"value >= {low}, but got {value} instead.", name,
+                                 code=ErrorCode.DECIMAL_BELOW_MIN_VALUE)
 
 
 def _messages(messages) -> tuple[int, int]:
     if not isinstance(messages, list) or not messages:
-        raise invalid("'messages' must be a non-empty array.", "messages")
+        raise InvalidRequest("'messages' must be a non-empty array.", "messages")
     size = 0
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise invalid(f"messages[{i}] must be an object.", f"messages[{i}]")
+            raise InvalidRequest(f"messages[{i}] must be an object.", f"messages[{i}]")
         role = message.get("role")
         if role not in ROLES:
-            raise invalid(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}.",
-                          f"messages[{i}].role")
+            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}.",
+                                 f"messages[{i}].role")
         content = message.get("content")
         if isinstance(content, str):
             size += len(content.encode())
@@ -147,15 +136,15 @@ def _messages(messages) -> tuple[int, int]:
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text" \
                         or not isinstance(part.get("text"), str):
-                    raise invalid(f"messages[{i}].content[{j}] must be a text part "
-                                  "({\"type\": \"text\", \"text\": ...}).",
-                                  f"messages[{i}].content")
+                    raise InvalidRequest(f"messages[{i}].content[{j}] must be a text part "
+                                         "({\"type\": \"text\", \"text\": ...}).",
+                                         f"messages[{i}].content")
                 size += len(part["text"].encode())
         elif content is None and role == "assistant" and message.get("tool_calls"):
             size += len(json.dumps(message["tool_calls"]).encode())
         else:
-            raise invalid(f"messages[{i}].content must be a string or an array of text parts.",
-                          f"messages[{i}].content")
+            raise InvalidRequest(f"messages[{i}].content must be a string or an array of text "
+                                 "parts.", f"messages[{i}].content")
     return size, len(messages)
 
 
@@ -165,8 +154,8 @@ def _prompt(prompt) -> tuple[int, int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return len(prompt[0].encode()), 1
     if isinstance(prompt, list) and prompt:
-        raise invalid("Only one prompt per request is supported.", "prompt")
-    raise invalid("'prompt' must be a non-empty string.", "prompt")
+        raise InvalidRequest("Only one prompt per request is supported.", "prompt")
+    raise InvalidRequest("'prompt' must be a non-empty string.", "prompt")
 
 
 def upstream_body(request: InferenceRequest, *, engine_model: str, max_tokens: int) -> bytes:
@@ -207,6 +196,5 @@ def engine_error(status: int, body: bytes) -> ApiError:
             message = json.dumps(data["detail"])[:1000]
     except ValueError:
         message = body[:500].decode("utf-8", "replace")
-    return ApiError(status if 400 <= status < 500 else 502,
-                    message or f"The engine refused the request (HTTP {status}).",
-                    code="engine_rejected")
+    return ApiError(message or f"The engine refused the request (HTTP {status}).",
+                    code=ErrorCode.ENGINE_REJECTED, status=status if 400 <= status < 500 else 502)

@@ -20,7 +20,17 @@ from django.utils import timezone
 from billing import metering
 from billing import usage as usage_journal
 from billing.keys import api_key_authenticate, api_key_cached
-from routing import balancer, calls, metrics, openai, placement, requestlog, sse, upstream
+from routing import (
+    balancer,
+    calls,
+    errors,
+    metrics,
+    openai,
+    placement,
+    requestlog,
+    sse,
+    upstream,
+)
 from routing.pool import INFLIGHT, POOL, PoolUnavailable
 from routing.retry import BREAKER, POLICY
 
@@ -100,17 +110,19 @@ class Outcome:
         requestlog.add(self, latency)
 
 
-def error_response(exc: openai.ApiError) -> JsonResponse:
+def error_response(exc: errors.ApiError) -> JsonResponse:
     """An error in OpenAI's shape; a 503 or 429 says when to come back (Retry-After)."""
     response = JsonResponse(exc.body(), status=exc.status)
     if exc.status == 503:
         response["Retry-After"] = str(RETRY_AFTER_S)
+    elif isinstance(exc, errors.MethodNotAllowed):
+        response["Allow"] = exc.allowed
     elif exc.status == 429:
         response["Retry-After"] = str(60 - int(time.time()) % 60)  # the next minute's window
     return response
 
 
-def _error(exc: openai.ApiError, outcome: Outcome) -> JsonResponse:
+def _error(exc: errors.ApiError, outcome: Outcome) -> JsonResponse:
     outcome.status, outcome.error_code = exc.status, exc.code or exc.type
     outcome.finish()
     response = error_response(exc)
@@ -121,10 +133,9 @@ def _error(exc: openai.ApiError, outcome: Outcome) -> JsonResponse:
 RETRY_AFTER_S = 1
 
 
-def unavailable() -> openai.ApiError:
-    return openai.ApiError(503, "The service is briefly unable to take this request (a "
-                           "database or cache restarting); retry in a moment.",
-                           type_="server_error", code="service_unavailable")
+def unavailable() -> errors.ApiError:
+    return errors.ServiceUnavailable("The service is briefly unable to take this request (a "
+                                     "database or cache restarting); retry in a moment.")
 
 
 def _bearer(header: str) -> str | None:
@@ -135,14 +146,15 @@ def _bearer(header: str) -> str | None:
 async def authenticate(authorization: str):
     token = _bearer(authorization)
     if token is None:
-        raise openai.ApiError(401, "You didn't provide an API key: send it as "
-                              "'Authorization: Bearer rs_...'.", code="missing_api_key")
+        raise errors.AuthenticationFailed("You didn't provide an API key: send it as "
+                                          "'Authorization: Bearer rs_...'.",
+                                          code=errors.ErrorCode.MISSING_API_KEY)
     found, key = await api_key_cached(token)
     if not found:
         key = await calls.run(api_key_authenticate, token)
     if key is None:
-        raise openai.ApiError(401, "Incorrect API key provided, or the key was revoked.",
-                              code="invalid_api_key")
+        raise errors.AuthenticationFailed("Incorrect API key provided, or the key was "
+                                          "revoked.")
     return key
 
 
@@ -172,31 +184,28 @@ async def _handle(endpoint: str, raw: bytes, authorization: str, session: str | 
         snap = await pool()
         model = snap.models.get(request.model)
         if model is None:
-            raise openai.ApiError(404, f"The model '{request.model}' does not exist.",
-                                  param="model", code="model_not_found")
+            raise errors.NotFound(f"The model '{request.model}' does not exist.", "model",
+                                  code=errors.ErrorCode.MODEL_NOT_FOUND)
         now = timezone.now()
         price = model.price_at(now)
         if price is None:
-            raise openai.ApiError(404, f"The model '{request.model}' has no price yet.",
-                                  param="model", code="model_not_found")
+            raise errors.NotFound(f"The model '{request.model}' has no price yet.", "model",
+                                  code=errors.ErrorCode.MODEL_NOT_FOUND)
         room = model.context_length - request.prompt_tokens
         max_tokens = request.max_tokens or max(1, min(DEFAULT_MAX_TOKENS, room))
         found = placement.eligible(snap.workers.get(model.name, ()), user_id=key.user_id,
                                    context_needed=request.prompt_tokens + max_tokens,
                                    model_context=model.context_length,
-                                   is_open=BREAKER.is_open)
-        if isinstance(found, placement.Refusal):
-            raise openai.ApiError(found.status, found.message, code=found.code,
-                                  type_="invalid_request_error" if found.status < 500
-                                  else "server_error")
+                                   open_ids=BREAKER.open_ids())
+        if isinstance(found, errors.ApiError):
+            raise found
         placed = balancer.place(found, balancer.affinity(request.body, request.endpoint,
                                                          session),
-                                snap.load_now(w.deployment_id for w in found),
-                                POLICY.attempts)
+                                snap.sent_since(), POLICY.attempts)
         candidates, outcome.affinity = list(placed.workers), placed.affinity
         if key.allowed_models and model.name not in key.allowed_models:
-            raise openai.ApiError(403, f"This API key may not use '{model.name}'.",
-                                  type_="permission_error", code="model_not_allowed")
+            raise errors.PermissionDenied(f"This API key may not use '{model.name}'.",
+                                          code=errors.ErrorCode.MODEL_NOT_ALLOWED)
         reserving = None
         # A renter's own card is paid for by the second (marketplace rentals): its tokens are
         # not billed again. Everything else holds the worst case before the first byte.
@@ -207,7 +216,7 @@ async def _handle(endpoint: str, raw: bytes, authorization: str, session: str | 
                 metering.reserve, key=key, model=model.name, price=price, max_cost=max_cost,
                 request_id=outcome.request_id, tokens=request.prompt_tokens + max_tokens,
                 now=now)
-    except openai.ApiError as exc:
+    except errors.ApiError as exc:
         return _error(exc, outcome)
     return await _proxy(request, model.name, max_tokens, candidates, reserving, outcome,
                         snap.version)
@@ -217,9 +226,8 @@ async def pool():
     try:
         return await POOL.current()
     except PoolUnavailable:
-        raise openai.ApiError(503, "The service cannot read its worker pool right now; retry "
-                              "shortly.", type_="server_error", code="service_unavailable") \
-            from None
+        raise errors.ServiceUnavailable("The service cannot read its worker pool right now; "
+                                        "retry shortly.") from None
 
 
 def _headers(response: HttpResponse, worker: placement.Worker, outcome: Outcome,
@@ -249,8 +257,7 @@ async def _held(reserving) -> metering.HoldInfo | None:
         # whose hold _settle_late then closes; the thread would make it all the same.
         return await asyncio.shield(reserving)
     except metering.MeteringError as exc:
-        raise _Refused(openai.ApiError(exc.status, exc.message, type_=exc.type,
-                                       code=exc.code)) from None
+        raise _Refused(errors.from_billing(exc)) from None
 
 
 async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens: int,
@@ -267,8 +274,7 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
     and context rejections come before an engine's 200 (and are retried on the next worker);
     an engine that dies after it is a stream cut before its first token. A request that is
     not streamed runs as a task beside the reserve, so that a refusal stops it early."""
-    last_error = openai.ApiError(503, "No worker could take this request; retry shortly.",
-                                 type_="server_error", code="no_capacity")
+    last_error = errors.NoCapacity("No worker could take this request; retry shortly.")
     path = "/v1/chat/completions" if request.endpoint == "chat" else "/v1/completions"
     hold = None
     for worker in candidates:
@@ -302,7 +308,7 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
         except _Refused as refused:
             await _abandon(attempt)
             return _error(refused.args[0], outcome)
-        except openai.ApiError as exc:  # the engine refused the request itself (4xx)
+        except errors.ApiError as exc:  # the engine refused the request itself (4xx)
             await _release(await _hold_once_known(hold, reserving, outcome.request_id))
             return _error(exc, outcome)
         except BaseException:
@@ -368,7 +374,7 @@ def _slot_free(worker: placement.Worker) -> None:
 
 def _upstream_failed(worker: placement.Worker, message: str) -> _Retry:
     BREAKER.failure(worker.deployment_id)
-    return _Retry(openai.ApiError(502, message, type_="server_error", code="upstream_error"))
+    return _Retry(errors.UpstreamError(message))
 
 
 async def _fetch(worker, path, body) -> httpx.Response:
@@ -392,8 +398,7 @@ async def _answer(resp, worker, public_model, hold, request, outcome) -> HttpRes
     if not isinstance(data, dict):
         await _settle(hold, metering.Usage(request.prompt_tokens, 0, estimated=True), worker,
                       outcome)
-        raise openai.ApiError(502, "The worker answered with a body that is not JSON.",
-                              type_="server_error", code="upstream_error")
+        raise errors.UpstreamError("The worker answered with a body that is not JSON.")
     data["model"] = public_model
     usage = data.get("usage")
     try:
@@ -413,8 +418,7 @@ def _check_status(worker, status: int, content: bytes) -> None:
         raise _upstream_failed(worker, f"The worker answered HTTP {status}.")
     if openai.is_context_rejection(status, content):
         # Our estimate fitted, the engine's count did not: another worker may hold it.
-        raise _Retry(openai.ApiError(400, openai.engine_error(status, content).message,
-                                     code="context_length_exceeded"))
+        raise _Retry(errors.ContextLengthExceeded(openai.engine_error(status, content).message))
     raise openai.engine_error(status, content)
 
 
@@ -527,13 +531,14 @@ class _Relay:
     async def _failed(self, exc: Exception) -> bytes:
         """After the first byte there is no retry: tell the client, bill what it got."""
         BREAKER.failure(self.worker.deployment_id)
-        self.outcome.status, self.outcome.error_code = 502, "upstream_disconnected"
+        self.outcome.status = 502
+        self.outcome.error_code = errors.ErrorCode.UPSTREAM_DISCONNECTED
         log.warning("worker %s failed mid-stream: %s", self.worker.ref, exc)
         await self._record_final()
-        error = openai.error_body(
+        error = errors.UpstreamError(
             f"The worker stopped mid-stream ({type(exc).__name__}); you are billed only for "
-            "the tokens delivered.", type_="server_error", code="upstream_disconnected")
-        return b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
+            "the tokens delivered.", code=errors.ErrorCode.UPSTREAM_DISCONNECTED)
+        return b"data: " + json.dumps(error.body()).encode() + b"\n\ndata: [DONE]\n\n"
 
     async def aclose(self) -> None:
         if self.closed:

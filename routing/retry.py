@@ -30,6 +30,10 @@ class Breaker:
     def is_open(self, deployment_id: int) -> bool:
         return self.open_until.get(deployment_id, 0.0) > time.monotonic()
 
+    def open_ids(self) -> set[int]:
+        now = time.monotonic()
+        return {d for d, until in self.open_until.items() if until > now}
+
     def success(self, deployment_id: int) -> None:
         self.failures.pop(deployment_id, None)
         self.open_until.pop(deployment_id, None)

@@ -9,7 +9,6 @@ from django.utils import timezone
 
 from routing import balancer, pool
 from routing.models import Deployment, RequestLog
-from routing.retry import BREAKER
 
 BUCKET = timedelta(minutes=5)
 WINDOW = timedelta(hours=1)
@@ -20,6 +19,7 @@ def pool_overview(now: datetime | None = None) -> dict:
     snap = pool.build(now=now)
     models = []
     in_pool = set()
+    circuits = pool.open_circuits()
     for name, workers in sorted(snap.workers.items()):
         shared = [w for w in workers if w.renter_id is None and w.verified and w.capacity_tps]
         total = sum(balancer.weight(w) for w in shared) or 1.0
@@ -34,7 +34,7 @@ def pool_overview(now: datetime | None = None) -> dict:
                 "key_share_pct": round(100 * balancer.weight(w) / total, 1)
                 if w.deployment_id in shared_ids else None,
                 "in_flight": snap.load.get(w.deployment_id, 0), "engine_queue": w.engine_queue,
-                "breaker_open": BREAKER.is_open(w.deployment_id),
+                "breaker_open": circuits[w.deployment_id],  # processes that hold it open
                 "shared": w.deployment_id in shared_ids, "renter_id": w.renter_id})
         models.append({"name": name, "workers": rows, "chart": _traffic(name, now)})
     _hit_rates(models)

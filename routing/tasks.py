@@ -6,3 +6,10 @@ from routing import services
 @shared_task
 def deployments_check_health():
     return len(services.deployments_check_health())
+
+
+@shared_task
+def pool_changes_trim():
+    from routing import changes
+
+    return changes.trim()

@@ -10,18 +10,14 @@ from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 
-from routing import metrics, openai, proxy
+from routing import errors, metrics, proxy
 from routing.pool import POOL
 
 POOL.listeners.append(metrics.pool_changed)
 
 
 def _method_not_allowed(request, allowed: str) -> JsonResponse:
-    body = openai.error_body(f"Method {request.method} is not allowed here; use {allowed}.",
-                             type_="invalid_request_error", code="method_not_allowed")
-    response = JsonResponse(body, status=405)
-    response["Allow"] = allowed
-    return response
+    return proxy.error_response(errors.MethodNotAllowed(request.method, allowed))
 
 
 @csrf_exempt
@@ -31,7 +27,7 @@ async def models(request):
     try:
         await proxy.authenticate(request.headers.get("Authorization", ""))
         snap = await proxy.pool()
-    except openai.ApiError as exc:
+    except errors.ApiError as exc:
         return proxy.error_response(exc)
     except Exception:
         proxy.log.exception("GET /v1/models failed")
@@ -49,10 +45,7 @@ async def _inference(request, endpoint: str):
     try:
         raw = request.body
     except RequestDataTooBig:
-        body = openai.error_body(f"The request body is larger than {openai.MAX_BODY_BYTES} "
-                                 "bytes.", type_="invalid_request_error",
-                                 code="request_too_large")
-        return JsonResponse(body, status=413)
+        return proxy.error_response(errors.RequestTooLarge())
     return await proxy.handle(endpoint=endpoint, raw=raw,
                               authorization=request.headers.get("Authorization", ""),
                               session=request.headers.get("X-Session-ID") or None)
@@ -75,9 +68,8 @@ V1 = {"v1/models": models, "v1/chat/completions": chat_completions,
 
 @csrf_exempt
 async def not_found(request, rest=""):
-    body = openai.error_body(f"Unknown endpoint: {request.method} {request.path}.",
-                             type_="invalid_request_error", code="unknown_url")
-    return JsonResponse(body, status=404)
+    return proxy.error_response(errors.NotFound(
+        f"Unknown endpoint: {request.method} {request.path}.", code=errors.ErrorCode.UNKNOWN_URL))
 
 
 def _may_scrape(request) -> bool:

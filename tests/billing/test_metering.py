@@ -16,6 +16,7 @@ from billing.keys import KeyInfo, api_key_authenticate, api_key_create, api_key_
 from billing.metering import MeteringError, Usage
 from billing.models import Account, Charge, Entry, Hold, KeySpend, ModelPrice, Transfer
 from billing.services import credits_grant
+from routing import errors
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("billing_path")]
 
@@ -28,6 +29,12 @@ HOLD = 1_386
 # ceil((1,234 x 150,000 + 567 x 600,000) / 10^6) = ceil(525.3); fee 15% of 526 (78.9) rounded
 # up, in the platform's favour
 COMPLETION, COST, FEE = 567, 526, 79
+
+
+def answered(exc: MeteringError) -> tuple[int, str]:
+    """How /v1 answers a refusal: (status, code)."""
+    api = errors.from_billing(exc)
+    return api.status, api.code
 
 
 @pytest.fixture(params=["sql-functions", "python"])
@@ -144,7 +151,7 @@ def test_request_pays_the_price_in_force_when_it_was_reserved(carol, price, work
 def test_no_price_for_a_model_is_404(carol, price):
     with pytest.raises(MeteringError) as refused:
         metering.price_at("no-such-model", T0)
-    assert (refused.value.status, refused.value.code) == (404, "model_not_found")
+    assert answered(refused.value) == (404, "model_not_found")
     with pytest.raises(MeteringError):  # the first price is not in force before it starts
         metering.price_at(MODEL, T0 - timedelta(days=2))
 
@@ -201,8 +208,8 @@ def test_settling_a_released_hold_is_refused(carol, price, worker):
     before = balances(carol)
     with pytest.raises(MeteringError) as refused:
         metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
-    assert (refused.value.status, refused.value.code) == (409, "hold_closed")
-    assert refused.value.as_openai()["error"]["code"] == "hold_closed"
+    assert answered(refused.value) == (409, "hold_closed")
+    assert errors.from_billing(refused.value).body()["error"]["code"] == "hold_closed"
     assert balances(carol) == before and not Charge.objects.exists()
 
 
@@ -279,8 +286,8 @@ def test_insufficient_balance_is_402_insufficient_quota_and_moves_nothing(carol,
     before = balances(carol)
     with pytest.raises(MeteringError) as refused:
         reserve(key, "r1")
-    assert (refused.value.status, refused.value.code) == (402, "insufficient_quota")
-    body = refused.value.as_openai()
+    assert answered(refused.value) == (402, "insufficient_quota")
+    body = errors.from_billing(refused.value).body()
     assert body == {"error": {"message": refused.value.message, "type": "insufficient_quota",
                               "param": None, "code": "insufficient_quota"}}
     assert "top up" in body["error"]["message"]
@@ -471,8 +478,8 @@ def test_key_daily_spend_limit_is_429_and_settle_gives_back_the_unused_hold(caro
     before = balances(carol)
     with pytest.raises(MeteringError) as refused:
         reserve(key, "c")
-    assert (refused.value.status, refused.value.code) == (429, "key_limit_reached")
-    assert refused.value.as_openai()["error"]["type"] == "insufficient_quota"
+    assert answered(refused.value) == (429, "key_limit_reached")
+    assert errors.from_billing(refused.value).body()["error"]["type"] == "insufficient_quota"
     assert balances(carol) == before and used(key) == 2 * HOLD
     metering.settle(hold=a, usage=Usage(PROMPT, COMPLETION), worker=worker, now=T0)
     assert used(key) == COST + HOLD
@@ -496,7 +503,7 @@ def test_model_allow_list_is_403(carol, price):
     key = key_for(carol, allowed_models=[MODEL])
     with pytest.raises(MeteringError) as refused:
         reserve(key, "r1", model="other")
-    assert (refused.value.status, refused.value.code) == (403, "model_not_allowed")
+    assert answered(refused.value) == (403, "model_not_allowed")
     assert not Hold.objects.exists() and bal(Account.Kind.WALLET, carol) == 10_000
     reserve(key, "r2")
 
@@ -535,9 +542,9 @@ def test_requests_per_minute_limit_is_429(carol, price, one_window):
         before = balances(carol)
         with pytest.raises(MeteringError) as refused:
             reserve(key, f"{run}-3")
-        assert (refused.value.status, refused.value.code) == (429, "rate_limit_exceeded")
+        assert answered(refused.value) == (429, "rate_limit_exceeded")
         assert "requests-per-minute" in refused.value.message
-        assert refused.value.as_openai()["error"]["type"] == "rate_limit_error"
+        assert errors.from_billing(refused.value).body()["error"]["type"] == "rate_limit_error"
         assert balances(carol) == before
         assert Hold.objects.filter(api_key_id=key.key_id).count() == 2
 
@@ -553,7 +560,7 @@ def test_tokens_per_minute_limit_is_429_and_a_refusal_uses_none(carol, price, on
         reserve(key, f"{run}-1", prompt=1_000, max_tokens=2_000)  # 3,000 tokens
         with pytest.raises(MeteringError) as refused:
             reserve(key, f"{run}-2", prompt=1_000, max_tokens=2_000)
-        assert (refused.value.status, refused.value.code) == (429, "rate_limit_exceeded")
+        assert answered(refused.value) == (429, "rate_limit_exceeded")
         assert "tokens-per-minute" in refused.value.message
         # The refused 3,000 tokens were given back: 2,000 more fit, then nothing.
         reserve(key, f"{run}-3", prompt=1_000, max_tokens=1_000)

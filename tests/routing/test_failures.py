@@ -24,7 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def first_wins(monkeypatch):
     """The balancer ranks deployments by id: the first deployed serves, the next is the retry."""
-    monkeypatch.setattr(balancer, "_scores", lambda key, ids, weights: -ids.astype(float))
+    monkeypatch.setattr(balancer, "_scores",
+                        lambda key, fleet: -fleet.cols["id"].astype(float))
 
 
 def events(response: httpx.Response) -> list:

@@ -135,9 +135,9 @@ def test_load_is_shared_between_processes_through_redis(settings):
 def test_the_pool_refreshes_itself_on_the_event_loop(deploy):
     calls = []
 
-    def builder(generation):
+    def builder(previous, generation):
         calls.append(generation)
-        return pool.build(generation)
+        return pool.refreshed(previous, generation)
 
     holder = pool.Pool(builder=builder, refresh_s=0.05)
 
@@ -257,11 +257,11 @@ def test_a_database_outage_serves_the_last_snapshot_or_answers_503(monkeypatch, 
     deploy("http://a")
     calls = []
 
-    def failing(generation):
+    def failing(previous, generation):
         calls.append(generation)
         raise RuntimeError("database away")
 
-    holder = pool.Pool(builder=pool.build, refresh_s=60)
+    holder = pool.Pool(refresh_s=60)
 
     async def run():
         first = await holder.current()

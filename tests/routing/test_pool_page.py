@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from routing import balancer, services
+from routing import balancer, pool, services
 from routing.models import Deployment, RequestLog
+from routing.retry import BREAKER, POLICY
 from tests.factories import UserFactory
 from tests.routing.test_balancer import keys, worker
 
@@ -91,7 +92,7 @@ def test_the_pool_page_shows_weights_shares_load_health_and_traffic(client, engi
     rows = {r["ref"]: r for r in model["workers"]}
     assert rows[pro.worker_ref]["key_share_pct"] > rows[pair.worker_ref]["key_share_pct"]
     assert rows[pair.worker_ref]["prefix_hit_pct"] == 75.0
-    assert rows[pro.worker_ref]["healthy"] and rows[pro.worker_ref]["breaker_open"] is False
+    assert rows[pro.worker_ref]["healthy"] and rows[pro.worker_ref]["breaker_open"] == 0
     assert [d["ref"] for d in pool["out_of_pool"]] == [sick.worker_ref]
     assert "unhealthy: refused" in html
     chart = model["chart"]
@@ -99,3 +100,19 @@ def test_the_pool_page_shows_weights_shares_load_health_and_traffic(client, engi
     last = [cells[-1]["pct"] for ref, cells in sorted(chart["share_pct"].items())]
     assert sorted(last) == [25.0, 75.0]
     assert f'data-worker="{pro.worker_ref}"' in html
+
+
+def test_a_circuit_another_process_holds_open_shows_on_the_page(client, engine, deploy,
+                                                                 monkeypatch):
+    pro = deploy(engine("rtx-pro-6000"), "rtx-pro-6000")
+    with monkeypatch.context() as other:  # another server process opens it...
+        other.setattr(pool, "PROCESS_ID", "another-process")
+        for _ in range(POLICY.breaker_failures):
+            BREAKER.failure(pro.pk)
+        pool.load_exchange({})  # ...and says so with its load
+    BREAKER.__init__()  # this one never saw it fail
+    client.force_login(UserFactory(email="ops@example.com", is_staff=True))
+    response = client.get("/staff/pool/")
+    (model,) = response.context["pool"]["models"]
+    assert {r["ref"]: r["breaker_open"] for r in model["workers"]}[pro.worker_ref] == 1
+    assert "open in 1 process<" in response.content.decode()
