@@ -18,9 +18,11 @@ on an affinity key, bounded by load. Pure: plain values in, plain values out, no
   re-measurement a few percent off changes nothing.
 - **Bounded load.** The ranking is walked until a worker whose in-flight requests, this one
   included, are within LOAD_FACTOR times its weight's fair share of the fleet's, plus
-  LOAD_SLACK. Some worker always is. A hot key spills over instead of saturating its worker.
-  In flight: what every router process has sent it, or what its engine's own metrics last
-  said it runs and queues, whichever is more.
+  LOAD_SLACK, and below the concurrency its capacity was verified at (its slots: beyond them
+  an engine queues, and nothing says it serves more). Some worker always is, until the fleet
+  is past its slots; then a free slot anywhere comes first, the load bound second. A hot key
+  spills over instead of saturating its worker. In flight: what every router process has
+  sent it, or what its engine's own metrics last said it runs and queues, whichever is more.
 - **Cold start.** A worker new to traffic (newly verified, a new deployment, a node back
   online: its prefix cache is empty) enters at a quarter of its weight and takes a quarter
   more each RAMP_STEP_S (`ramp`, computed with the snapshot): never at zero, never flooded.
@@ -175,10 +177,17 @@ def place(workers: Sequence[Worker] | Fleet, affinity: Affinity,
     # come through these routers, or requests it still holds).
     inflight = np.maximum(fleet.load_plus(load or {}), fleet.cols["queue"])
     share = (inflight.sum() + 1) / weights.sum()
-    within = inflight + 1 <= LOAD_FACTOR * share * weights + LOAD_SLACK
+    bounded = inflight + 1 <= LOAD_FACTOR * share * weights + LOAD_SLACK
+    slots = fleet.cols["slots"]
+    free = (slots == 0) | (inflight < slots)
+    within = bounded & free
     if not within[order].any():  # the head is busy: walk the whole ranking
         order = np.argsort(-scores, kind="stable")
-    chosen = int(np.argmax(within[order]))
+    # The first under its bound with a slot free; else the first with a slot free (past the
+    # concurrency it was verified at, a worker queues: a free slot elsewhere answers sooner);
+    # else the first under its bound; else the key's own worker.
+    chosen = next((int(np.argmax(ok[order])) for ok in (within, free, bounded)
+                   if ok[order].any()), 0)
     # The retry is the next in the ranking; those over their bound come last (TOP > limit).
     picked = [*order[chosen:], *order[:chosen]][:limit]
     verdict = NEW if not affinity.follow_up else (HIT if chosen == 0 else SPILL)

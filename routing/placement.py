@@ -33,6 +33,7 @@ class Worker:
     ramp: float = 1.0  # the share of its weight a worker new to traffic takes yet (balancer)
     engine_queue: int = 0  # running + waiting, as the engine's /metrics last said (0: unknown)
     ramp_since: float = 0.0  # unix time it came to traffic, which `ramp` counts from
+    slots: int = 0  # the concurrency its capacity was verified at (0: not verified)
 
 
 NOBODY = -1  # renter_id of a worker two renters share: it serves neither
@@ -46,6 +47,7 @@ _COLUMNS = {  # column: (dtype, from a Worker)
     "renter": (np.int64, lambda w: 0 if w.renter_id is None else w.renter_id),  # 0: nobody's
     "verified": (np.bool_, lambda w: w.verified),
     "queue": (np.float64, lambda w: w.engine_queue),
+    "slots": (np.float64, lambda w: w.slots),
 }
 
 

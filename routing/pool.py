@@ -207,12 +207,14 @@ def _workers(entries: dict[str, ModelEntry], mapping: dict[str, str], now: datet
                                                             "verification_status"):
         cards.setdefault(node_id, []).append((card_id, status))
     capacity: Counter = Counter()
+    slots: Counter = Counter()
     routed_since: dict[tuple, datetime] = {}
-    for node_id, model, tps, since in VerifiedCapacity.objects.filter(
+    for node_id, model, tps, since, concurrency in VerifiedCapacity.objects.filter(
             card__node_id__in=node_ids, card__present=True).values_list(
             "card__node_id", "model", Coalesce("routing_tps", "tokens_per_s"),
-            "routed_since"):
+            "routed_since", "concurrency"):
         capacity[(node_id, model)] += tps
+        slots[(node_id, model)] = max(slots[(node_id, model)], concurrency)
         routed_since[(node_id, model)] = max(since, routed_since.get((node_id, model), since))
     renters: dict[int, set] = {}
     for node_id, renter_id in Rental.objects.filter(
@@ -246,7 +248,7 @@ def _workers(entries: dict[str, ModelEntry], mapping: dict[str, str], now: datet
             verified=verified, renter_id=renter_id,
             ramp=balancer.ramp((now - since).total_seconds()),
             engine_queue=(d.engine_running or 0) + (d.engine_waiting or 0),
-            ramp_since=since.timestamp()))
+            ramp_since=since.timestamp(), slots=slots[(d.node_id, d.engine_model_id)]))
     return workers
 
 

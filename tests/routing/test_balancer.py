@@ -115,6 +115,19 @@ def test_no_worker_ever_exceeds_its_bound_under_a_hot_key():
             load[done] -= 1
 
 
+def test_past_its_verified_concurrency_a_worker_yields_to_any_free_slot():
+    """32 slots each (the concurrency their capacity was verified at): the PRO 6000 full, the
+    pair over its load bound but with slots free: the pair answers sooner than the PRO's
+    queue. Every worker full: the load bound decides again."""
+    pro, pair = replace(worker(1, PRO_6000), slots=32), replace(worker(2, PAIR_4090), slots=32)
+    key = next(k for k in keys(100) if balancer.rank([pro, pair], k.key)[0] == pro)
+    assert first([pro, pair], key) == 1
+    assert balancer.place([pro, pair], key, {1: 32, 2: 21}).workers[0] == pair
+    assert balancer.place([pro, pair], key, {1: 32, 2: 32}).workers[0] == pro
+    unverified = replace(pro, slots=0)  # no verified concurrency: no slot limit
+    assert balancer.place([unverified, pair], key, {1: 40, 2: 21}).workers[0] == unverified
+
+
 def test_two_independent_processes_agree_on_10000_keys():
     fleet = [worker(i, c) for i, c in enumerate((PRO_6000, PAIR_4090, 900.0, 250.0, 1700.0),
                                                 start=11)]
