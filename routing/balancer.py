@@ -175,11 +175,20 @@ def place(workers: Sequence[Worker] | Fleet, affinity: Affinity,
         order = np.argsort(-scores, kind="stable")
     # The routers' own count, or the engine's queue where it says more (traffic that did not
     # come through these routers, or requests it still holds).
-    inflight = np.maximum(fleet.load_plus(load or {}), fleet.cols["queue"])
+    exchanged = fleet.cols["load"]
+    routed = fleet.load_plus(load or {})
+    inflight = np.maximum(routed, fleet.cols["queue"])
     share = (inflight.sum() + 1) / weights.sum()
-    bounded = inflight + 1 <= LOAD_FACTOR * share * weights + LOAD_SLACK
+    bound = LOAD_FACTOR * share * weights + LOAD_SLACK
+    bounded = inflight + 1 <= bound
     slots = fleet.cols["slots"]
     free = (slots == 0) | (inflight < slots)
+    if fleet.routers > 1:
+        # What the other router processes send since the exchange, this one cannot see: the
+        # room each worker had then is split between them, so that together they stay in it.
+        mine = routed - exchanged
+        bounded &= mine + 1 <= (bound - exchanged) / fleet.routers
+        free &= (slots == 0) | (mine + 1 <= (slots - exchanged) / fleet.routers)
     within = bounded & free
     if not within[order].any():  # the head is busy: walk the whole ranking
         order = np.argsort(-scores, kind="stable")

@@ -54,12 +54,14 @@ _COLUMNS = {  # column: (dtype, from a Worker)
 class Fleet(Sequence):
     """A model's workers in deployment id order, with their columns as arrays: `cols["id"]`,
     `["capacity"]`, ..., `["load"]` (requests in flight, every router process's, as last
-    exchanged), and whatever the balancer derives and keeps here (`memo`). Immutable: a change
-    makes a new Fleet, so a request reads one consistent fleet."""
+    exchanged), and whatever the balancer derives and keeps here (`memo`); `routers`: how many
+    router processes exchanged that load. Immutable: a change makes a new Fleet, so a request
+    reads one consistent fleet."""
 
-    __slots__ = ("_workers", "_index", "cols", "memo")
+    __slots__ = ("_workers", "_index", "cols", "memo", "routers")
 
-    def __init__(self, workers: Sequence[Worker] = (), *, _cols=None, _index=None, _memo=None):
+    def __init__(self, workers: Sequence[Worker] = (), *, _cols=None, _index=None, _memo=None,
+                 routers: int = 1):
         if _cols is None:
             workers = sorted(workers, key=lambda w: w.deployment_id)
             n = len(workers)
@@ -70,6 +72,7 @@ class Fleet(Sequence):
         self._index = _index  # None: every worker of _workers; else their positions
         self.cols: dict[str, np.ndarray] = _cols
         self.memo: dict[str, np.ndarray] = _memo if _memo is not None else {}
+        self.routers = routers
 
     @classmethod
     def of(cls, workers: "Sequence[Worker] | Fleet") -> "Fleet":
@@ -99,7 +102,7 @@ class Fleet(Sequence):
         index = where if self._index is None else self._index[where]
         return Fleet(self._workers, _index=index,
                      _cols={k: v[where] for k, v in self.cols.items()},
-                     _memo={k: v[where] for k, v in self.memo.items()})
+                     _memo={k: v[where] for k, v in self.memo.items()}, routers=self.routers)
 
     def patch(self, drop: np.ndarray, add: Sequence[Worker]) -> "Fleet":
         """A new fleet: these workers but those where `drop` holds, and `add`; in deployment
@@ -120,14 +123,15 @@ class Fleet(Sequence):
         found = (ids[at] == wanted) if len(ids) else np.zeros(len(wanted), bool)
         return at[found], np.flatnonzero(found)
 
-    def with_load(self, load: Mapping[int, int]) -> "Fleet":
-        """The same workers with `load` (in flight per deployment id) as their load column."""
+    def with_load(self, load: Mapping[int, int], routers: int = 1) -> "Fleet":
+        """The same workers with `load` (in flight per deployment id, as `routers` router
+        processes exchanged it) as their load column."""
         column = np.zeros(len(self))
         if load:
             at, which = self.positions(list(load))
             column[at] = np.fromiter(load.values(), np.float64, len(load))[which]
         return Fleet(self._workers, _index=self._index, _cols={**self.cols, "load": column},
-                     _memo=self.memo)
+                     _memo=self.memo, routers=routers)
 
     def load_plus(self, extra: Mapping[int, int]) -> np.ndarray:
         """The load column plus `extra` requests per deployment id."""

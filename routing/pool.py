@@ -71,6 +71,7 @@ class Snapshot:
     workers: dict[str, Fleet]  # by public model name; each fleet's load column: `load`
     load: dict[int, int] = field(default_factory=dict)  # in-flight requests per deployment
     own_load: dict[int, int] = field(default_factory=dict)  # this process's part of `load`
+    routers: int = 1  # live server processes that exchanged `load`, this one included
     # What the next refresh starts from (routing/changes.py):
     feed: changes.Position | None = None  # where in the change feed this snapshot is current
     mapping: dict[str, str] = field(default_factory=dict)  # engine model id -> public name
@@ -84,10 +85,11 @@ class Snapshot:
         return {d: n for d in INFLIGHT.keys() | self.own_load.keys()
                 if (n := INFLIGHT.get(d, 0) - self.own_load.get(d, 0))}
 
-    def with_load(self, load: dict[int, int], own: dict[int, int]) -> "Snapshot":
+    def with_load(self, load: dict[int, int], own: dict[int, int],
+                  routers: int) -> "Snapshot":
         """The same snapshot with newly exchanged load."""
-        return replace(self, load=load, own_load=own,
-                       workers={name: fleet.with_load(load)
+        return replace(self, load=load, own_load=own, routers=routers,
+                       workers={name: fleet.with_load(load, routers)
                                 for name, fleet in self.workers.items()})
 
     @property
@@ -103,20 +105,25 @@ PROCESS_ID = uuid.uuid4().hex[:12]
 
 def load_exchange(own: dict[int, int]) -> dict[int, int]:
     """Publish this process's in-flight counts, read every live process's, sum them."""
+    return exchange(own)[0]
+
+
+def exchange(own: dict[int, int]) -> tuple[dict[int, int], int]:
+    """`load_exchange`, and how many router processes are live (this one included)."""
     if not settings.REDIS_URL:
-        return dict(own)
+        return dict(own), 1
     try:
         return _exchange(own)
     except REDIS_ERRORS:  # Redis away: this process's own counts are all it knows
-        return dict(own)
+        return dict(own), 1
 
 
-def _exchange_now() -> tuple[dict[int, int], dict[int, int]]:
+def _exchange_now() -> tuple[dict[int, int], dict[int, int], int]:
     own = dict(INFLIGHT)
-    return load_exchange(own), own
+    return *exchange(own), own
 
 
-def _exchange(own: dict[int, int]) -> dict[int, int]:
+def _exchange(own: dict[int, int]) -> tuple[dict[int, int], int]:
     r = redis_client()
     mine = f"rigshare:routing:load:{PROCESS_ID}"
     with r.pipeline() as pipe:
@@ -144,7 +151,7 @@ def _exchange(own: dict[int, int]) -> dict[int, int]:
                 total[int(k)] += int(v)
     if gone:
         r.srem("rigshare:routing:procs", *gone)
-    return dict(total)
+    return dict(total), max(1, len(procs) - len(gone))
 
 
 def open_circuits() -> Counter:
@@ -263,12 +270,12 @@ def _version(entries: dict[str, ModelEntry], sums: dict[str, int]) -> str:
 def _finish(generation: int, entries, mapping, fleets: dict[str, Fleet], digests: dict,
             sums: dict, feed, full_at: float) -> Snapshot:
     fleets = {name: fleet for name, fleet in fleets.items() if len(fleet)}
-    load, own = _exchange_now()
+    load, routers, own = _exchange_now()
     return Snapshot(
         version=_version(entries, {n: sums[n] for n in fleets}), generation=generation,
         built_at=time.monotonic(), models=entries,
-        workers={name: fleet.with_load(load) for name, fleet in fleets.items()},
-        load=load, own_load=own, feed=feed, mapping=mapping, digests=digests, sums=sums,
+        workers={name: fleet.with_load(load, routers) for name, fleet in fleets.items()},
+        load=load, own_load=own, routers=routers, feed=feed, mapping=mapping, digests=digests, sums=sums,
         full_at=full_at)
 
 
@@ -407,9 +414,9 @@ class Pool:
         snap = self.snapshot
         if snap is None:
             return
-        load, own = await calls.run(_exchange_now)
+        load, routers, own = await calls.run(_exchange_now)
         if self.snapshot is snap:  # not refreshed or invalidated meanwhile
-            self.snapshot = snap.with_load(load, own)
+            self.snapshot = snap.with_load(load, own, routers)
 
     async def _run(self):
         refresh_at = time.monotonic() + self.refresh_s
