@@ -518,6 +518,10 @@ def section_affinity(b: Bench) -> None:
         print(f"  {name}: {len(results)} follow-ups, {hits / max(len(ok), 1):.1%} found "
               f"their whole history cached; TTFT p50 {pct(ttfts, 0.5) * 1000:.0f} ms, p99 "
               f"{pct(ttfts, 0.99) * 1000:.0f} ms")
+    misses = Counter(r.affinity if r.ok else "failed" for r, p in routed if not hit(r, p))
+    print(f"  Rigshare's misses by X-Rigshare-Affinity: {dict(misses.most_common()) or 'none'} "
+          "(spill: its worker was over its load bound; hit: on its worker, the history no "
+          "longer cached)")
     hit_rate = sum(hit(r, p) for r, p in routed) / max(len(routed), 1)
     ttft_ratio = (pct([r.ttft_s for r, _ in routed if r.ok], 0.5)
                   / pct([r.ttft_s for r, _ in pinned if r.ok], 0.5))
