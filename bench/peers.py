@@ -30,7 +30,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx  # noqa: E402
 
-from bench.proxy import free_port, stop  # noqa: E402
+from bench.proxy import free_port, stop, wait_http  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS_DIR = REPO / "var" / "bench-peers"
@@ -166,19 +165,10 @@ def _tail(log: Path, lines: int = 6) -> str:
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, log: Path, what: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise PeerUnavailable(f"{what} exited with {proc.returncode} before answering "
-                                  f"{url}; log {log}: {_tail(log)}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise PeerUnavailable(f"{what} did not answer {url} within {START_TIMEOUT_S} s; "
-                          f"log {log}: {_tail(log)}")
+    try:
+        wait_http(url, proc, what, START_TIMEOUT_S)
+    except SystemExit as exc:
+        raise PeerUnavailable(f"{exc}; log {log}: {_tail(log)}") from None
 
 
 def _warm(url: str, model: str, n: int, what: str, log: Path) -> None:
