@@ -183,22 +183,22 @@ def place(workers: Sequence[Worker] | Fleet, affinity: Affinity,
     bounded = inflight + 1 <= bound
     slots = fleet.cols["slots"]
     free = (slots == 0) | (inflight < slots)
-    seen_free, seen_bounded = free, bounded
+    seen_free = free
     if fleet.routers > 1:
-        # What the other router processes send since the exchange, this one cannot see: the
-        # room each worker had then is split between them, so that together they stay in it.
+        # The free slots the other router processes fill after the exchange, this one cannot
+        # see: the slots each worker had free then are split between them, so that together
+        # they do not queue a request on it while another worker has room.
         mine = routed - exchanged
-        bounded = bounded & (mine + 1 <= (bound - exchanged) / fleet.routers)
         free = free & ((slots == 0) | (mine + 1 <= (slots - exchanged) / fleet.routers))
     within = bounded & free
     if not within[order].any():  # the head is busy: walk the whole ranking
         order = np.argsort(-scores, kind="stable")
     # The first under its bound with a slot free; else the first with a slot free (past the
     # concurrency it was verified at, a worker queues: a free slot elsewhere answers sooner);
-    # else the first under its bound; then the same by all this process sees, its share of
-    # the room aside; else the key's own worker.
-    chosen = next((int(np.argmax(ok[order])) for ok in (within, free, bounded, seen_free,
-                                                         seen_bounded) if ok[order].any()), 0)
+    # else the first under its bound; else the first with a slot free by all this process
+    # sees, its share aside; else the key's own worker.
+    chosen = next((int(np.argmax(ok[order])) for ok in (within, free, bounded, seen_free)
+                   if ok[order].any()), 0)
     # The retry is the next in the ranking; those over their bound come last (TOP > limit).
     picked = [*order[chosen:], *order[:chosen]][:limit]
     verdict = NEW if not affinity.follow_up else (HIT if chosen == 0 else SPILL)

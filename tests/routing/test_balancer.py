@@ -128,16 +128,16 @@ def test_past_its_verified_concurrency_a_worker_yields_to_any_free_slot():
     assert balancer.place([unverified, pair], key, {1: 40, 2: 21}).workers[0] == unverified
 
 
-def test_router_processes_split_the_room_they_cannot_see_each_other_use():
-    """Load as two processes last exchanged it: PRO 6000 20, pair 8; the pair's bound is
-    ~10.9. Each process may add half the pair's room (~1.45 requests) before the next
-    exchange: its first request goes to the pair, its second spills. Alone, it may add both."""
-    pro, pair = worker(1, PRO_6000), worker(2, PAIR_4090)
-    key = next(k for k in keys(100) if balancer.rank([pro, pair], k.key)[0] == pair)
-    for routers, second in ((2, pro), (1, pair)):
-        fleet = Fleet([pro, pair]).with_load({1: 20, 2: 8}, routers)
-        assert balancer.place(fleet, key).workers[0] == pair
-        assert balancer.place(fleet, key, {2: 1}).workers[0] == second
+def test_router_processes_split_the_free_slots_they_cannot_see_each_other_fill():
+    """Two equal workers of 32 slots; as two processes last exchanged it, A runs 30 and B 20.
+    Each process may fill half of A's two free slots before the next exchange: its first
+    request for A's key goes to A, its second to B. Alone, it may fill both."""
+    a, b = replace(worker(1, 435.0), slots=32), replace(worker(2, 435.0), slots=32)
+    key = next(k for k in keys(100) if balancer.rank([a, b], k.key)[0] == a)
+    for routers, second in ((2, b), (1, a)):
+        fleet = Fleet([a, b]).with_load({1: 30, 2: 20}, routers)
+        assert balancer.place(fleet, key).workers[0] == a
+        assert balancer.place(fleet, key, {1: 1}).workers[0] == second
 
 
 def test_two_independent_processes_agree_on_10000_keys():
