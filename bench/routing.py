@@ -793,7 +793,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--conversations", type=int, default=48,
                         help="section 2's conversations; sections 4 and 5's streams")
-    parser.add_argument("--ramp-step-s", type=float, default=10.0,
+    parser.add_argument("--ramp-step-s", type=int, default=10,
                         help="the servers' cold-start ramp step (RIGSHARE_RAMP_STEP_S)")
     parser.add_argument("--churn-keys", type=int, default=2000)
     parser.add_argument("--sections", default="1,2,3,4,5,6",

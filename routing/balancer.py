@@ -44,7 +44,7 @@ LOAD_SLACK = 2  # requests: a worker with little load takes a few over its share
 WEIGHT_STEPS = 8  # per doubling: weights move in ~9% steps
 PROMPT_KEY_CHARS = 2048  # ~512 tokens of a completion's prompt
 RAMP_STEPS = 4  # a new worker's weight: 1/4, 2/4, 3/4, then all of it...
-RAMP_STEP_S = float(os.environ.get("RIGSHARE_RAMP_STEP_S", "60"))  # ...a step a minute
+RAMP_STEP_S = int(os.environ.get("RIGSHARE_RAMP_STEP_S", "60"))  # ...a step a minute (s)
 
 HIT, SPILL, NEW = "hit", "spill", "new"
 
@@ -102,7 +102,7 @@ def affinity(body: dict, endpoint: str, session: str | None = None) -> Affinity:
 def ramp(age_s: float) -> float:
     """The share of its weight a worker takes `age_s` seconds after it came to traffic: in
     whole steps, so every process agrees but at a step's very edge."""
-    return float(ramps(np.array([age_s]))[0])
+    return ramps(np.array([age_s])).item()
 
 
 def ramps(ages_s: np.ndarray) -> np.ndarray:
