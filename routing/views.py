@@ -32,11 +32,34 @@ async def models(request):
     except Exception:
         proxy.log.exception("GET /v1/models failed")
         return proxy.error_response(proxy.unavailable())
-    data = [{"id": m.name, "object": "model", "created": m.created, "owned_by": "rigshare",
-             "context_length": m.context_length,
-             "available": bool(snap.workers.get(m.name))}
-            for m in snap.models.values() if m.prices]
+    data = [_model(m, snap) for m in snap.models.values() if m.prices]
     return JsonResponse({"object": "list", "data": data})
+
+
+@csrf_exempt
+async def model(request, model_id: str):
+    """One model, as `models` lists it (the SDK's `models.retrieve`)."""
+    if request.method != "GET":
+        return _method_not_allowed(request, "GET")
+    try:
+        await proxy.authenticate(request.headers.get("Authorization", ""))
+        snap = await proxy.pool()
+    except errors.ApiError as exc:
+        return proxy.error_response(exc)
+    except Exception:
+        proxy.log.exception("GET /v1/models/%s failed", model_id)
+        return proxy.error_response(proxy.unavailable())
+    found = snap.models.get(model_id)
+    if found is None or not found.prices:
+        return proxy.error_response(errors.NotFound(
+            f"The model '{model_id}' does not exist.", "model",
+            code=errors.ErrorCode.MODEL_NOT_FOUND))
+    return JsonResponse(_model(found, snap))
+
+
+def _model(m, snap) -> dict:
+    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "rigshare",
+            "context_length": m.context_length, "available": bool(snap.workers.get(m.name))}
 
 
 async def _inference(request, endpoint: str):

@@ -33,6 +33,19 @@ def test_models_lists_priced_models(v1, engine, deploy, carol_key):
     assert listed.data[0].owned_by == "rigshare"
 
 
+def test_a_model_is_retrieved_by_its_id(v1, engine, deploy, carol_key):
+    deploy(engine())
+    client = sdk(v1, carol_key)
+    found = client.models.retrieve(MODEL)
+    assert (found.id, found.owned_by, found.context_length) == (MODEL, "rigshare", 32_768)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.body["code"] == "model_not_found"
+    _error(httpx.get(f"{v1}/models/{MODEL}"), 401, "missing_api_key")
+    _error(httpx.post(f"{v1}/models/{MODEL}", headers={"Authorization": f"Bearer {carol_key}"}),
+           405, "method_not_allowed")
+
+
 def test_chat_is_answered_billed_exactly_and_names_the_worker(v1, engine, deploy, carol_key,
                                                               carol, bob, settled):
     deployment = deploy(engine("rtx-pro-6000"), quantization="fp8")
