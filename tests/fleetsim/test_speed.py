@@ -61,7 +61,10 @@ def test_aggregate_throughput_follows_the_profile_curve(engine):
         assert all(r["chunks"] == tokens for r in results)
         return n * tokens / elapsed / scale  # tok/s in the card's time
 
-    one, eight = run(measure(1)), run(measure(8))
+    # The best of three: a stall of this machine (another process, the VM's neighbours) only
+    # ever makes a run slower, and one stall read 167 tok/s for 299 once.
+    one = max(run(measure(1)) for _ in range(3))
+    eight = max(run(measure(8)) for _ in range(3))
     # HTTP and the client's own work (same process, same GIL) cost a few percent.
     assert one == pytest.approx(p.aggregate_tps(1), rel=0.25)
     assert eight == pytest.approx(p.aggregate_tps(8), rel=0.25)
