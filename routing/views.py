@@ -20,18 +20,25 @@ def _method_not_allowed(request, allowed: str) -> JsonResponse:
     return proxy.error_response(errors.MethodNotAllowed(request.method, allowed))
 
 
-@csrf_exempt
-async def models(request):
+async def _pool_for_get(request):
+    """The pool snapshot for an authenticated GET, or the response that refuses it."""
     if request.method != "GET":
         return _method_not_allowed(request, "GET")
     try:
         await proxy.authenticate(request.headers.get("Authorization", ""))
-        snap = await proxy.pool()
+        return await proxy.pool()
     except errors.ApiError as exc:
         return proxy.error_response(exc)
     except Exception:
-        proxy.log.exception("GET /v1/models failed")
+        proxy.log.exception("GET %s failed", request.path)
         return proxy.error_response(proxy.unavailable())
+
+
+@csrf_exempt
+async def models(request):
+    snap = await _pool_for_get(request)
+    if isinstance(snap, HttpResponse):
+        return snap
     data = [_model(m, snap) for m in snap.models.values() if m.prices]
     return JsonResponse({"object": "list", "data": data})
 
@@ -39,16 +46,9 @@ async def models(request):
 @csrf_exempt
 async def model(request, model_id: str):
     """One model, as `models` lists it (the SDK's `models.retrieve`)."""
-    if request.method != "GET":
-        return _method_not_allowed(request, "GET")
-    try:
-        await proxy.authenticate(request.headers.get("Authorization", ""))
-        snap = await proxy.pool()
-    except errors.ApiError as exc:
-        return proxy.error_response(exc)
-    except Exception:
-        proxy.log.exception("GET /v1/models/%s failed", model_id)
-        return proxy.error_response(proxy.unavailable())
+    snap = await _pool_for_get(request)
+    if isinstance(snap, HttpResponse):
+        return snap
     found = snap.models.get(model_id)
     if found is None or not found.prices:
         return proxy.error_response(errors.NotFound(
