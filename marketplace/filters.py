@@ -41,14 +41,18 @@ class CatalogFilterForm(forms.Form):
                              + list(SORT_LABELS.items()))
     page = forms.IntegerField(required=False, min_value=1)
 
-    def __init__(self, data=None, *args, **kwargs):
+    def __init__(self, data=None, *args, strict: bool = True, **kwargs):
         super().__init__(data, *args, **kwargs)
-        self._unknown = sorted(set(data or {}) - set(self.fields)) if data is not None else []
+        unknown = sorted(set(data or {}) - set(self.fields)) if data is not None else []
+        # The API refuses a parameter it does not know (a misspelt filter must not quietly
+        # show everything); a page names the ones it ignores and shows the cards, so that a
+        # shared link with a campaign tag (?utm_source=...) still works.
+        self._unknown = unknown if strict else []
+        self.ignored = [] if strict else unknown
 
     def clean(self):
         cleaned = super().clean()
         for name in self._unknown:
-            # A misspelt filter must not quietly show everything.
             self.add_error(None, f"Unknown filter '{name}'.")
         return cleaned
 

@@ -20,7 +20,7 @@ CATALOG_PAGE_SIZE = 25
 
 
 def catalog(request):
-    form = CatalogFilterForm(request.GET)
+    form = CatalogFilterForm(request.GET, strict=False)
     page = None
     if form.is_valid():
         cards = selectors.cards_for_catalog(form.filters())
