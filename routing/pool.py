@@ -119,8 +119,10 @@ def exchange(own: dict[int, int]) -> tuple[dict[int, int], int]:
 
 
 def _exchange_now() -> tuple[dict[int, int], dict[int, int], int]:
+    """(every process's load, this process's part of it, how many processes)."""
     own = dict(INFLIGHT)
-    return *exchange(own), own
+    load, routers = exchange(own)
+    return load, own, routers
 
 
 def _exchange(own: dict[int, int]) -> tuple[dict[int, int], int]:
@@ -270,13 +272,11 @@ def _version(entries: dict[str, ModelEntry], sums: dict[str, int]) -> str:
 def _finish(generation: int, entries, mapping, fleets: dict[str, Fleet], digests: dict,
             sums: dict, feed, full_at: float) -> Snapshot:
     fleets = {name: fleet for name, fleet in fleets.items() if len(fleet)}
-    load, routers, own = _exchange_now()
-    return Snapshot(
+    snap = Snapshot(
         version=_version(entries, {n: sums[n] for n in fleets}), generation=generation,
-        built_at=time.monotonic(), models=entries,
-        workers={name: fleet.with_load(load, routers) for name, fleet in fleets.items()},
-        load=load, own_load=own, routers=routers, feed=feed, mapping=mapping, digests=digests, sums=sums,
-        full_at=full_at)
+        built_at=time.monotonic(), models=entries, workers=fleets, feed=feed,
+        mapping=mapping, digests=digests, sums=sums, full_at=full_at)
+    return snap.with_load(*_exchange_now())
 
 
 def build(generation: int = 0, now: datetime | None = None) -> Snapshot:
@@ -414,9 +414,9 @@ class Pool:
         snap = self.snapshot
         if snap is None:
             return
-        load, routers, own = await calls.run(_exchange_now)
+        exchanged = await calls.run(_exchange_now)
         if self.snapshot is snap:  # not refreshed or invalidated meanwhile
-            self.snapshot = snap.with_load(load, own, routers)
+            self.snapshot = snap.with_load(*exchanged)
 
     async def _run(self):
         refresh_at = time.monotonic() + self.refresh_s
