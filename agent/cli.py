@@ -26,10 +26,12 @@ class AgentError(Exception):
     """Stops the agent: the message is printed as one line and the exit status is 1."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, machine: hardware.Machine | None = None) -> int:
+    """`machine`: what the agent reports on and probes; this computer unless the caller hands
+    it another (fleetsim runs the agent for its simulated machines this way)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.command(args)
+        return args.command(args, machine or hardware.LocalMachine())
     except (AgentError, CredentialError, hardware.FactsError) as exc:
         print(exc, file=sys.stderr, flush=True)
         return 1
@@ -65,11 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the weights' format, e.g. bf16, fp8, awq-int4, Q4_K_M, where the "
                      "engine does not say (vLLM never does)")
     _hostname_argument(run)
-    _simulate_arguments(run)
     run.set_defaults(command=cmd_run)
 
     facts = commands.add_parser("facts", help="print the hardware facts a heartbeat would send")
-    _simulate_arguments(facts)
     facts.set_defaults(command=cmd_facts)
 
     probe = commands.add_parser("probe", help="run the verification probes here and print "
@@ -81,33 +81,21 @@ def build_parser() -> argparse.ArgumentParser:
                        "(a check of the probes, not of a GPU)")
     probe.add_argument("--params", type=_json_object, default={},
                        help='probe params as JSON, e.g. \'{"matmul_n": 4096, "iterations": 50}\'')
-    _simulate_arguments(probe)
     probe.set_defaults(command=cmd_probe)
     return parser
 
 
 def _hostname_argument(parser):
-    parser.add_argument("--hostname", help="the name to report (default: this machine's; "
-                        "with --simulate, the machine id)")
+    parser.add_argument("--hostname", help="the name to report (default: this machine's)")
 
 
-def _reported_hostname(args) -> str:
-    if args.hostname:
-        return args.hostname
-    if getattr(args, "simulate", None) and args.machine_id:
-        return args.machine_id  # simulated machines share one host: ids tell them apart
-    return hardware.hostname()
+def _reported_hostname(args, machine) -> str:
+    return args.hostname or machine.hostname()
 
 
 def _credential_argument(parser):
     parser.add_argument("--credential-file", type=Path, default=Path(DEFAULT_CREDENTIAL_FILE),
                         help=f"default {DEFAULT_CREDENTIAL_FILE}")
-
-
-def _simulate_arguments(parser):
-    parser.add_argument("--simulate", metavar="PROFILE",
-                        help="report a fleetsim profile instead of this machine's hardware")
-    parser.add_argument("--machine-id", help="with --simulate: which simulated machine")
 
 
 def _json_object(text: str) -> dict:
@@ -148,9 +136,9 @@ def _positive_float(text: str) -> float:
 
 # --- enroll ---------------------------------------------------------------------------------
 
-def cmd_enroll(args) -> int:
+def cmd_enroll(args, machine) -> int:
     platform = _base_url(args.platform, "--platform")
-    body = {"token": args.token, "hostname": _reported_hostname(args),
+    body = {"token": args.token, "hostname": _reported_hostname(args, machine),
             "agent_version": __version__}
     try:
         with httpx.Client() as http:
@@ -171,8 +159,7 @@ def cmd_enroll(args) -> int:
 
 # --- run ------------------------------------------------------------------------------------
 
-def cmd_run(args) -> int:
-    read_facts = _facts_reader(args)
+def cmd_run(args, machine) -> int:
     engine_url = _base_url(args.engine_url, "--engine-url")
     path = args.credential_file.expanduser()
     node = read_credential(path)
@@ -181,18 +168,18 @@ def cmd_run(args) -> int:
     notice_shown = False
     last_summary = None
     runner = probe_jobs.JobRunner(platform=platform, credential=node["credential"],
-                                  executors={"probes": _probe_executor(args)}, log=log)
+                                  executors={"probes": _probe_executor(machine)}, log=log)
     restore = _stop_on_sigterm()
     try:
         with httpx.Client() as platform_http, httpx.Client() as engine_http:
             while True:
-                facts, notice = read_facts()
+                facts, notice = machine.facts()
                 if notice and not notice_shown:  # once per run, not once per heartbeat
                     log(notice)
                     notice_shown = True
                 body = {
                     "agent_version": __version__,
-                    "hostname": _reported_hostname(args),
+                    "hostname": _reported_hostname(args, machine),
                     **facts,
                     "engine": client.engine_status(
                         engine_http, engine_url, engine_kind=args.engine_kind,
@@ -271,54 +258,30 @@ def _stop_on_sigterm():
 
 # --- facts ----------------------------------------------------------------------------------
 
-def cmd_facts(args) -> int:
-    facts, notice = _facts_reader(args)()
+def cmd_facts(args, machine) -> int:
+    facts, notice = machine.facts()
     if notice:
         print(notice, file=sys.stderr, flush=True)  # stdout stays pure JSON
-    print(json.dumps({"agent_version": __version__, "hostname": hardware.hostname(), **facts},
+    print(json.dumps({"agent_version": __version__, "hostname": machine.hostname(), **facts},
                      indent=2))
     return 0
 
 
-def _facts_reader(args):
-    """A function returning (facts, notice). Reads once now so a bad profile stops the agent
-    before it starts."""
-    if args.machine_id and not args.simulate:
-        raise AgentError("--machine-id only goes with --simulate PROFILE.")
-    if args.simulate:
-        if not args.machine_id:
-            raise AgentError("--simulate needs --machine-id, e.g. --machine-id m1.")
-        hardware.simulated_facts(args.simulate, args.machine_id)
-        return lambda: (hardware.simulated_facts(args.simulate, args.machine_id), None)
-    nvml = hardware.load_pynvml()
-    return lambda: hardware.hardware_facts(nvml)
-
-
 # --- probe ----------------------------------------------------------------------------------
 
-def cmd_probe(args) -> int:
+def cmd_probe(args, machine) -> int:
     params = {**args.params, **({"quick": True} if args.quick else {})}
-    execute = _probe_executor(args, device=args.device)
     try:
-        result = execute(params)
+        result = _probe_executor(machine, device=args.device)(params)
     except probes.ProbeError as exc:
         raise AgentError(str(exc)) from None
     print(json.dumps(result, indent=2))
     return 0
 
 
-def _probe_executor(args, device: str | None = None):
-    """A function of a job's params returning the probes result: measured here, or under
-    --simulate answered by the fleetsim profile."""
-    if args.machine_id and not args.simulate:
-        raise AgentError("--machine-id only goes with --simulate PROFILE.")
-    if args.simulate:
-        if not args.machine_id:
-            raise AgentError("--simulate needs --machine-id, e.g. --machine-id m1.")
-        return lambda params: probes.simulated_probes(args.simulate, args.machine_id, params)
-    nvml = hardware.load_pynvml()
-    # Looked up at each call, not bound here, so tests can stand in for run_probes.
-    return lambda params: probes.run_probes(params, nvml=nvml, device=device, log=log)
+def _probe_executor(machine, device: str | None = None):
+    """A function of a job's params returning the machine's probes result."""
+    return lambda params: machine.probes(params, device=device, log=log)
 
 
 # --- helpers --------------------------------------------------------------------------------

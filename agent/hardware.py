@@ -1,12 +1,19 @@
-"""The heartbeat's hardware part: NVML on NVIDIA machines, the chip itself on Apple Silicon,
-or a fleetsim profile under --simulate."""
+"""The machine the agent reports on: NVML on NVIDIA machines, the chip itself on Apple Silicon,
+and the verification probes measured here with torch.
+
+The agent asks a machine for three things only (`Machine`): its hostname, its facts and its
+probe results. `LocalMachine` is this computer; whoever starts the agent may hand it another
+(fleetsim's simulated machines, through `agent.cli.main(argv, machine=...)`), so the agent
+itself never knows about simulators."""
 
 import platform
 import re
 import socket
 import subprocess
 import uuid
+from typing import Protocol
 
+from agent import host, probes
 from agent.nvml import MIB, NoNvidia, read_nvidia
 
 # Apple GPU uuids are derived from the Mac's hardware UUID through this namespace, so the same
@@ -16,7 +23,44 @@ APPLE_UUID_NAMESPACE = uuid.UUID("6f6c8f0e-2b0f-4d5c-9a57-52a6c1f0a5e1")
 
 
 class FactsError(Exception):
-    """Facts cannot be produced at all (a bad --simulate profile); the agent stops."""
+    """Facts cannot be produced at all (e.g. a simulated machine with an unknown profile); the
+    agent stops."""
+
+
+class Machine(Protocol):
+    def hostname(self) -> str:
+        """The name to report when --hostname does not give one."""
+
+    def facts(self) -> tuple[dict, str | None]:
+        """The heartbeat's hardware part, and a line to print once (else None). Raises
+        FactsError when there are no facts to be had."""
+
+    def probes(self, params: dict, *, device: str | None = None, log=None) -> dict:
+        """The probes result of docs/agent-protocol.md; raises probes.ProbeError for a job
+        that cannot run as asked."""
+
+
+class LocalMachine:
+    """This computer. pynvml is loaded on first use: enrolling needs none of it."""
+
+    def __init__(self):
+        self._nvml = None
+        self._loaded = False
+
+    def nvml(self):
+        if not self._loaded:
+            self._nvml, self._loaded = load_pynvml(), True
+        return self._nvml
+
+    def hostname(self) -> str:
+        return hostname()
+
+    def facts(self) -> tuple[dict, str | None]:
+        facts, notice = hardware_facts(self.nvml())
+        return {**facts, "host": host.host_facts()}, notice
+
+    def probes(self, params: dict, *, device: str | None = None, log=None) -> dict:
+        return probes.run_probes(params, nvml=self.nvml(), device=device, log=log)
 
 
 def load_pynvml():
@@ -90,21 +134,3 @@ def apple_gpu(run) -> dict | None:
         "pcie_width_max": None,
         "power_limit_w": None,
     }
-
-
-def simulated_facts(profile: str, machine_id: str) -> dict:
-    """Facts from a fleetsim profile. Imported here, not at the top: fleetsim ships with the
-    platform's repository, not with the agent a provider installs."""
-    try:
-        from fleetsim.profiles import simulated_facts as profile_facts
-    except ImportError as exc:
-        raise FactsError(
-            f"--simulate needs fleetsim, which ships with the Rigshare repository ({exc})."
-        ) from None
-    try:
-        facts = profile_facts(profile, machine_id)
-    except (KeyError, ValueError) as exc:
-        # str(KeyError) adds quotes around the message; args[0] is the message itself.
-        detail = exc.args[0] if exc.args else "unknown profile"
-        raise FactsError(f"--simulate {profile}: {detail}") from None
-    return {"os": host_os(), **facts, "simulated": True}

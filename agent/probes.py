@@ -22,7 +22,7 @@ GIB = 1024 * MIB
 MAX_ERROR = 256  # the protocol's string limit
 
 # The one place for the probes' parameters: the platform sends these with every probe job,
-# the agent falls back on them, and fleetsim's simulated probes answer for them.
+# the agent falls back on them, and fleetsim's simulated machines answer for them.
 DEFAULT_PARAMS = {"warmup_s": 1.0, "iterations": 20, "matmul_n": 8192, "copy_bytes": 256 * MIB}
 MIN_GPU_ARRAY_BYTES = GIB  # FACTS.md: 1 GiB per array is >= 4 x L2 on every card we list
 VRAM_FRACTION = 0.9
@@ -47,7 +47,8 @@ FACT_KEYS = (
 
 
 class ProbeError(Exception):
-    """The probes cannot run as asked (bad params, no simulated profile): the job fails."""
+    """The probes cannot run as asked (bad params, an unknown simulated profile): the job
+    fails."""
 
 
 # --- params ---------------------------------------------------------------------------------
@@ -530,20 +531,3 @@ def _describe(exc: Exception) -> str:
 
 def _error(label: str, text: str) -> str:
     return f"{label} {text}"[:MAX_ERROR]
-
-
-# --- --simulate -------------------------------------------------------------------------------
-
-def simulated_probes(profile: str, machine_id: str, params: dict | None) -> dict:
-    """The probes result a fleetsim profile answers, faults included. fleetsim ships with the
-    platform's repository, not with the agent, so it is imported here."""
-    try:
-        from fleetsim.profiles import simulated_probe_results
-    except ImportError as exc:
-        raise ProbeError(f"--simulate needs fleetsim.profiles.simulated_probe_results ({exc})."
-                         ) from None
-    try:
-        return simulated_probe_results(profile, machine_id, params or {})
-    except (KeyError, ValueError) as exc:
-        detail = exc.args[0] if exc.args else "unknown profile"
-        raise ProbeError(f"--simulate {profile}: {detail}") from None

@@ -1,4 +1,4 @@
-"""python -m fleetsim list | serve | up: see fleetsim/__init__.py."""
+"""python -m fleetsim list | serve | up | agent: see fleetsim/__init__.py."""
 
 from __future__ import annotations
 
@@ -49,10 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one enrolment token per machine, in order")
     up.add_argument("--state-dir", type=Path, default=Path("var/fleetsim"),
                     help="credential files, one per machine (default var/fleetsim)")
-    up.add_argument("--base-port", type=int, default=8100,
-                    help="the first machine's engine port; the next ones follow (default 8100)")
+    up.add_argument("--base-port", type=_port, metavar="PORT",
+                    help="the first machine's engine port; the next ones follow (default: "
+                         "free ports the system picks)")
     _time_scale_argument(up)
     up.set_defaults(command=cmd_up)
+
+    agent = commands.add_parser(
+        "agent", help="run the real node agent for one simulated machine (its facts and probe "
+                      "results come from the profile)")
+    agent.add_argument("--profile", required=True, choices=sorted(PROFILES), metavar="KEY")
+    agent.add_argument("--machine-id", required=True,
+                       help="which simulated machine: its GPU uuids and figures derive from it")
+    agent.add_argument("agent_args", nargs=argparse.REMAINDER, metavar="COMMAND ...",
+                       help="the agent's command and options, e.g. run --engine-url URL")
+    agent.set_defaults(command=cmd_agent)
     return parser
 
 
@@ -63,6 +74,13 @@ def _time_scale_argument(parser):
 
 def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be a port from 1 to 65535")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -112,12 +130,20 @@ def cmd_up(args) -> int:
 
     try:
         machines = plan_machines(args.profiles, args.tokens, args.state_dir.resolve(),
-                                 args.base_port)
+                                 args.base_port, platform=args.platform)
         asyncio.run(run_fleet(args.platform, machines, time_scale=args.time_scale))
     except FleetError as exc:
         print(f"fleetsim: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def cmd_agent(args) -> int:
+    from agent.cli import main as agent_main
+    from fleetsim.machine import SimulatedMachine
+
+    machine = SimulatedMachine(args.profile, args.machine_id)
+    return agent_main(args.agent_args, machine=machine)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import uvicorn
 
@@ -25,6 +26,8 @@ from fleetsim.server import EngineServer
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # How long an agent gets to stop after SIGTERM before it is killed.
 AGENT_STOP_TIMEOUT_S = 5.0
+# How long requests in flight (a verification load test's streams) may hold up the stop.
+SERVER_STOP_TIMEOUT_S = 2
 
 
 class FleetError(Exception):
@@ -35,7 +38,7 @@ class FleetError(Exception):
 class Machine:
     machine_id: str
     profile: Profile
-    port: int
+    port: int | None  # None: a free port, picked when the fleet binds it
     credential_file: Path
     token: str | None
 
@@ -45,9 +48,21 @@ class Machine:
 
 
 def plan_machines(profile_keys: list[str], tokens: list[str], state_dir: Path,
-                  base_port: int) -> list[Machine]:
+                  base_port: int | None, *, platform: str | None = None) -> list[Machine]:
     """One machine per profile key, ids like `h200-1`, `h200-2`; one token each, except that a
-    machine whose credential file exists is already enrolled (restarting keeps the node)."""
+    machine whose credential file exists is already enrolled (restarting keeps the node).
+    Engine ports run from `base_port`, or are left to the system (free ones) when it is None;
+    a run of ports that holds the platform's own is refused."""
+    if base_port is not None:
+        taken = _port_of(platform) if platform else None
+        last = base_port + len(profile_keys) - 1
+        if last > 65535:
+            raise FleetError(f"--base-port {base_port}: {len(profile_keys)} engine ports do not "
+                             "fit below 65536")
+        if taken is not None and base_port <= taken <= last:
+            raise FleetError(
+                f"the engine ports {base_port}-{last} include the platform's port {taken} "
+                f"({platform}): give another --base-port, or none to use free ports")
     machines = []
     for i, (key, machine_id) in enumerate(zip(profile_keys, machine_ids(profile_keys),
                                               strict=True)):
@@ -55,8 +70,9 @@ def plan_machines(profile_keys: list[str], tokens: list[str], state_dir: Path,
             profile = get_profile(key)
         except KeyError as exc:
             raise FleetError(exc.args[0]) from None
-        machines.append(Machine(machine_id, profile, base_port + i,
-                                state_dir / f"{machine_id}.json", None))
+        port = None if base_port is None else base_port + i
+        machines.append(Machine(machine_id, profile, port, state_dir / f"{machine_id}.json",
+                                None))
     all_enrolled = all(m.credential_file.exists() for m in machines)
     if (tokens and len(tokens) != len(machines)) or (not tokens and not all_enrolled):
         raise FleetError(
@@ -64,7 +80,12 @@ def plan_machines(profile_keys: list[str], tokens: list[str], state_dir: Path,
             f"{len(tokens)} token(s) (tokens may be left out only when every machine already "
             f"has a credential file in {state_dir})")
     for machine, token in zip(machines, tokens, strict=False):
-        machine.token = token
+        # "-": this machine is enrolled already (its credential file says as whom).
+        machine.token = None if token == "-" else token
+    lost = [m.machine_id for m in machines if m.token is None and not m.credential_file.exists()]
+    if lost:
+        raise FleetError(f"no enrolment token and no credential file in {state_dir} for: "
+                         f"{', '.join(lost)}")
     return machines
 
 
@@ -87,19 +108,29 @@ class _PortRouter:
         await self.apps[scope["server"][1]](scope, receive, send)
 
 
-def _bind(port: int) -> socket.socket:
+def _port_of(url: str) -> int | None:
+    try:
+        parts = urlsplit(url)
+        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+
+
+def _bind(port: int | None) -> socket.socket:
+    """A listening socket on 127.0.0.1:port, or on a free port the system picks (None)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind(("127.0.0.1", port))
+        sock.bind(("127.0.0.1", port or 0))
     except OSError as exc:
         sock.close()
-        raise FleetError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
+        raise FleetError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror} (give another "
+                         "--base-port, or none to use free ports)") from None
     return sock
 
 
 def _agent_env() -> dict[str, str]:
-    # The agent imports fleetsim.profiles under --simulate: make the repository importable
+    # `python -m fleetsim agent` and `python -m agent` must import from this repository
     # wherever `up` was started from.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -139,14 +170,15 @@ def agent_run_args(machine: Machine) -> list[str]:
     """`python -m agent run`'s arguments for `machine`. The simulated engines say their kind
     and context; vLLM never says its quantization, so the agent is told, as a provider would."""
     return ["run", "--engine-url", machine.engine_url,
-            "--simulate", machine.profile.key, "--machine-id", machine.machine_id,
             "--credential-file", str(machine.credential_file),
             "--quantization", machine.profile.quantization]
 
 
 async def _start_agent(machine: Machine) -> asyncio.subprocess.Process:
+    # The real agent, handed the simulated machine (fleetsim/machine.py).
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent", *agent_run_args(machine),
+        sys.executable, "-m", "fleetsim", "agent", "--profile", machine.profile.key,
+        "--machine-id", machine.machine_id, *agent_run_args(machine),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_agent_env())
 
 
@@ -172,16 +204,18 @@ async def run_fleet(platform: str, machines: list[Machine], *, time_scale: float
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
 
-    apps = {m.port: EngineServer(m.profile, time_scale=time_scale) for m in machines}
     sockets = []
     try:
         for m in machines:
             sockets.append(_bind(m.port))
+            m.port = sockets[-1].getsockname()[1]
     except FleetError:
         for sock in sockets:
             sock.close()
         raise
-    server = _Server(uvicorn.Config(_PortRouter(apps), log_level="warning", lifespan="off"))
+    apps = {m.port: EngineServer(m.profile, time_scale=time_scale) for m in machines}
+    server = _Server(uvicorn.Config(_PortRouter(apps), log_level="warning", lifespan="off",
+                                    timeout_graceful_shutdown=SERVER_STOP_TIMEOUT_S))
     serving = asyncio.create_task(server.serve(sockets=sockets))
     agents: list[asyncio.subprocess.Process] = []
     pipes: list[asyncio.Task] = []

@@ -122,6 +122,24 @@ CARDS: dict[str, Card] = {
         matmul_efficiency=None),
 }
 
+# The host each card sits in, as agent/host.py would read it: typical builds for the card's
+# class (a workstation CPU for GeForce cards, a server CPU for datacenter ones). A Mac has no
+# /sys/class/net link speed, so it reports none.
+HOSTS: dict[str, dict] = {
+    "rtx-3090": {"cpu_model": "AMD Ryzen 9 5950X 16-Core Processor", "cpu_cores": 32,
+                 "ram_mib": 64 * 1024, "disk_free_gb": 1_650, "net_link_mbps": 2_500},
+    "rtx-4090": {"cpu_model": "AMD Ryzen 9 7950X 16-Core Processor", "cpu_cores": 32,
+                 "ram_mib": 128 * 1024, "disk_free_gb": 1_720, "net_link_mbps": 10_000},
+    "rtx-5090": {"cpu_model": "AMD Ryzen 9 9950X 16-Core Processor", "cpu_cores": 32,
+                 "ram_mib": 192 * 1024, "disk_free_gb": 3_480, "net_link_mbps": 10_000},
+    "rtx-pro-6000": {"cpu_model": "AMD EPYC 9354 32-Core Processor", "cpu_cores": 64,
+                     "ram_mib": 512 * 1024, "disk_free_gb": 6_900, "net_link_mbps": 25_000},
+    "h200": {"cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "cpu_cores": 224,
+             "ram_mib": 2048 * 1024, "disk_free_gb": 27_600, "net_link_mbps": 100_000},
+    "m4-max": {"cpu_model": "Apple M4 Max", "cpu_cores": 16, "ram_mib": 128 * 1024,
+               "disk_free_gb": 1_480},
+}
+
 
 @dataclass(frozen=True)
 class Faults:
@@ -780,6 +798,7 @@ def simulated_facts(profile_key: str, machine_id: str) -> dict:
         "driver_version": p.driver_version,
         "cuda_version": p.cuda_version,
         "os": p.os,
+        "host": dict(HOSTS.get(p.card, {})),
         "gpus": [
             {
                 "index": i,

@@ -41,8 +41,6 @@ def detokenize_piece(token: str, first: bool) -> str:
     return " " + token
 
 
-def detokenize(tokens: list[str]) -> str:
-    return "".join(detokenize_piece(t, i == 0) for i, t in enumerate(tokens))
 
 
 def chat_prompt_tokens(messages: list[dict]) -> list[str]:

@@ -33,8 +33,17 @@ class Changes:
     models: bool  # a model, engine model id or price changed
 
 
-def start() -> Position:
-    """The position to read from for a snapshot read after this call."""
+def available() -> bool:
+    """The feed is written by PostgreSQL triggers (migration routing 0003). Elsewhere (the
+    demo's SQLite, a handful of machines) there is none, and every refresh reads the pool
+    whole."""
+    return connection.vendor == "postgresql"
+
+
+def start() -> Position | None:
+    """The position to read from for a snapshot read after this call; None without a feed."""
+    if not available():
+        return None
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
         return Position(int(cursor.fetchone()[0]), frozenset())
@@ -66,6 +75,8 @@ def read(since: Position) -> Changes:
 
 def trim(keep_s: int = KEEP_S) -> int:
     """Delete the rows older than `keep_s` seconds; how many went."""
+    if not available():
+        return 0
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM routing_poolchange WHERE at < now() - make_interval("
                        "secs => %s)", [keep_s])

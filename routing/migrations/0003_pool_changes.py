@@ -104,6 +104,18 @@ def _drop() -> str:
     return "\n".join(sql)
 
 
+def forward(apps, schema_editor):
+    # PostgreSQL only: elsewhere (the demo's SQLite) the pool is read whole at each refresh
+    # (routing.changes.available).
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(FUNCTION + _triggers())
+
+
+def backward(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(_drop())
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -113,4 +125,4 @@ class Migration(migrations.Migration):
         ("billing", "0007_stripe_payments_reversals"),
     ]
 
-    operations = [migrations.RunSQL(FUNCTION + _triggers(), _drop())]
+    operations = [migrations.RunPython(forward, backward)]

@@ -1,7 +1,9 @@
 """The agent's commands against a real local HTTP platform and engine (tests/agent/fakes.py)."""
 
+import ast
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -69,9 +71,9 @@ def test_enroll_with_the_platform_down(tmp_path, capsys):
 
 # --- run ------------------------------------------------------------------------------------
 
-def run_agent(credential_file, engine_url, *extra):
+def run_agent(credential_file, engine_url, *extra, machine=None):
     return main(["run", "--engine-url", engine_url, "--credential-file", str(credential_file),
-                 "--interval", "0.05", *extra])
+                 "--interval", "0.05", *extra], machine=machine)
 
 
 def test_heartbeat_carries_credential_hardware_and_models(platform, engine, credential_file,
@@ -190,7 +192,7 @@ def test_run_without_enrolling(tmp_path, capsys):
     assert "enrol first" in capsys.readouterr().err
 
 
-# --- facts and --simulate -------------------------------------------------------------------
+# --- facts, and a machine handed to the agent ---------------------------------------------------------------
 
 def test_facts_prints_the_hardware_part(h200_machine, capsys):
     assert main(["facts"]) == 0
@@ -199,39 +201,50 @@ def test_facts_prints_the_hardware_part(h200_machine, capsys):
     assert (facts["nvidia"], facts["simulated"]) == (True, False)
 
 
-def simulated_gpus(capsys, machine_id):
-    assert main(["facts", "--simulate", "h200", "--machine-id", machine_id]) == 0
+class StandIn:
+    """A machine handed to the agent by its caller (as fleetsim does): the agent asks it, and
+    nothing else, for the hostname, the facts and the probes."""
+
+    def __init__(self, gpus=2):
+        self.gpus = [{"index": i, "name": "Stand-in GPU", "uuid": f"GPU-stand-in-{i}",
+                      "memory_total_mib": 1024, "compute_capability": "8.9",
+                      "pcie_gen_current": 4, "pcie_gen_max": 4, "pcie_width_current": 16,
+                      "pcie_width_max": 16, "power_limit_w": 450} for i in range(gpus)]
+
+    def hostname(self):
+        return "stand-in-1"
+
+    def facts(self):
+        return {"os": "Linux 6.8", "simulated": True, "nvidia": True,
+                "driver_version": "560.35.03", "cuda_version": "12.6", "gpus": self.gpus}, None
+
+    def probes(self, params, *, device=None, log=None):
+        return {"device": "cuda", "gpus": [], "errors": [], "asked": [params, device]}
+
+
+def test_a_handed_machine_replaces_this_ones(platform, engine, credential_file, monkeypatch,
+                                             capsys):
+    monkeypatch.setattr(hardware, "load_pynvml", lambda: pytest.fail("NVML read"))
+    assert main(["facts"], machine=StandIn()) == 0
     facts = json.loads(capsys.readouterr().out)
-    assert facts["simulated"] is True and facts["nvidia"] is True
-    return facts["gpus"]
-
-
-def test_simulated_h200_has_a_deterministic_uuid(capsys):
-    [gpu] = simulated_gpus(capsys, "m1")
-    assert gpu["name"] == "NVIDIA H200" and gpu["memory_total_mib"] == 143_771
-    assert gpu["uuid"].startswith("GPU-")
-    assert simulated_gpus(capsys, "m1")[0]["uuid"] == gpu["uuid"]
-    assert simulated_gpus(capsys, "m2")[0]["uuid"] != gpu["uuid"]
-
-
-def test_simulated_heartbeat(platform, engine, credential_file, monkeypatch):
-    monkeypatch.setattr(hardware, "load_pynvml", lambda: pytest.fail("NVML read under --simulate"))
-    assert run_agent(credential_file, engine.url, "--once", "--simulate", "2x-rtx-4090",
-                     "--machine-id", "m1") == 0
+    assert (facts["hostname"], facts["simulated"]) == ("stand-in-1", True)
+    assert run_agent(credential_file, engine.url, "--once", machine=StandIn()) == 0
     body = heartbeats(platform)[0].body
-    assert body["simulated"] is True
-    assert [g["index"] for g in body["gpus"]] == [0, 1]
+    assert (body["hostname"], body["simulated"]) == ("stand-in-1", True)
+    assert [g["uuid"] for g in body["gpus"]] == ["GPU-stand-in-0", "GPU-stand-in-1"]
+    assert main(["probe", "--quick", "--device", "cpu"], machine=StandIn()) == 0
+    assert json.loads(capsys.readouterr().out)["asked"] == [{"quick": True}, "cpu"]
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--simulate", "h999", "--machine-id", "m1"], "unknown fleetsim profile 'h999'"),
-        (["--simulate", "h200"], "--simulate needs --machine-id"),
-        (["--machine-id", "m1"], "--machine-id only goes with --simulate"),
-    ],
-)
-def test_bad_simulate_arguments(capsys, args, message):
-    assert main(["facts", *args]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err
+def test_the_agent_knows_no_simulator(capsys):
+    with pytest.raises(SystemExit):
+        main(["facts", "--simulate", "h200", "--machine-id", "m1"])
+    assert "unrecognized arguments: --simulate" in capsys.readouterr().err
+    imported = set()
+    for path in Path(hardware.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+    assert "fleetsim" not in imported and "agent" in imported

@@ -182,22 +182,25 @@ def test_the_real_probes_without_torch(platform, engine, credential_file, h200_m
     assert result.body["result"]["message"].startswith("no GPU: torch is not installed")
 
 
-def test_simulated_probes(platform, engine, credential_file, monkeypatch):
-    from fleetsim import profiles
-
+def test_probes_of_a_handed_machine(platform, engine, credential_file, monkeypatch):
     asked = []
 
-    def simulated_probe_results(profile, machine_id, params):
-        asked.append((profile, machine_id, params))
-        return FAKE_RESULT
+    class Simulated:
+        def hostname(self):
+            return "sim-1"
 
-    # Stands in for fleetsim's own (tested in tests/fleetsim): this is about the agent.
-    monkeypatch.setattr(profiles, "simulated_probe_results", simulated_probe_results,
-                        raising=False)
+        def facts(self):
+            return {"os": "Linux 6.8", "simulated": True, "nvidia": False,
+                    "driver_version": None, "cuda_version": None, "gpus": []}, None
+
+        def probes(self, params, *, device=None, log=None):
+            asked.append(params)
+            return FAKE_RESULT
+
     monkeypatch.setattr(probes, "run_probes", lambda *a, **k: pytest.fail("measured"))
     jobs = JobPlatform(platform, [PROBES_JOB])
-    assert run_agent(credential_file, engine.url, "--simulate", "h200", "--machine-id",
-                     "m1") == 1
-    assert asked == [("h200", "m1", PROBES_JOB["params"])]
+    assert main(["run", "--engine-url", engine.url, "--credential-file", str(credential_file),
+                 "--interval", "0.05"], machine=Simulated()) == 1
+    assert asked == [PROBES_JOB["params"]]
     [result] = jobs.results()
     assert result.body == {"status": "done", "result": FAKE_RESULT, "error": None}

@@ -412,29 +412,3 @@ def test_a_gpu_cuda_cannot_describe_does_not_lose_the_others(monkeypatch):
                     "host_device": None, "vram": None}
     assert h200["uuid"] == H200["uuid"] and h200["vram"]["pattern_ok"] is True
     assert result["errors"] == ["GPU 0 RuntimeError: CUDA error: unspecified launch failure"]
-
-
-# --- --simulate -----------------------------------------------------------------------------
-
-def test_simulated_probes_come_from_the_fleetsim_profile(monkeypatch, capsys):
-    from fleetsim import profiles
-
-    asked = []
-
-    def fake(profile, machine_id, params):
-        asked.append((profile, machine_id, params))
-        return {"device": "cuda", "gpus": [], "kernel_release": "6.8.0-45-generic",
-                "wsl": False}
-
-    monkeypatch.setattr(profiles, "simulated_probe_results", fake, raising=False)
-    assert main(["probe", "--simulate", "h200", "--machine-id", "m1", "--quick"]) == 0
-    assert json.loads(capsys.readouterr().out)["device"] == "cuda"
-    assert asked == [("h200", "m1", {"quick": True})]
-
-
-def test_simulated_probes_from_the_real_profiles(capsys):
-    assert main(["probe", "--simulate", "h200", "--machine-id", "m1"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["device"] == "cuda" and len(result["gpus"]) == 1
-    assert main(["probe", "--simulate", "h999", "--machine-id", "m1"]) == 1
-    assert "unknown fleetsim profile 'h999'" in capsys.readouterr().err

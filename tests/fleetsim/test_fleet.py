@@ -38,6 +38,36 @@ def test_plan_wants_one_token_per_machine_unless_all_are_enrolled(tmp_path):
     assert machine.token is None
 
 
+def test_a_dash_token_stands_for_an_enrolled_machine(tmp_path, capsys):
+    # A restarted demo passes "-" for each machine enrolled before: as "--tokens=-,-", since
+    # "--tokens -,-" reads as an option and argparse stops.
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--platform", "http://p", "--profiles", "h200,h200",
+                                   "--tokens", "-,-"])
+    args = build_parser().parse_args(["up", "--platform", "http://p", "--profiles", "h200,h200",
+                                      "--tokens=-,rse_b"])
+    with pytest.raises(FleetError, match="no enrolment token and no credential file .*h200-1"):
+        plan_machines(args.profiles, args.tokens, tmp_path, None)
+    (tmp_path / "h200-1.json").write_text("{}")
+    machines = plan_machines(args.profiles, args.tokens, tmp_path, None)
+    assert [m.token for m in machines] == [None, "rse_b"]
+    capsys.readouterr()
+
+
+def test_engine_ports_are_free_ones_and_never_the_platforms(tmp_path):
+    machines = plan_machines(["h200", "h200"], ["t1", "t2"], tmp_path, None,
+                             platform="http://127.0.0.1:8100")
+    assert [m.port for m in machines] == [None, None]  # picked by the system when bound
+    with pytest.raises(FleetError, match="8100-8101 include the platform's port 8100"):
+        plan_machines(["h200", "h200"], ["t1", "t2"], tmp_path, 8100,
+                      platform="http://127.0.0.1:8100")
+    with pytest.raises(FleetError, match="include the platform's port 8001"):
+        plan_machines(["h200", "h200"], ["t1", "t2"], tmp_path, 8000,
+                      platform="http://localhost:8001/")
+    assert [m.port for m in plan_machines(["h200"], ["t1"], tmp_path, 8101,
+                                          platform="http://127.0.0.1:8100")] == [8101]
+
+
 def test_plan_rejects_an_unknown_profile(tmp_path):
     with pytest.raises(FleetError, match="known profiles"):
         plan_machines(["a100"], ["t"], tmp_path, 9000)
@@ -144,8 +174,9 @@ def wait_for(condition, timeout=15.0, what="condition"):
 
 def start_up(platform_url, state_dir, base_port, tokens, profiles="h200,h200,m4-max-llamacpp"):
     args = [sys.executable, "-m", "fleetsim", "up", "--platform", platform_url,
-            "--profiles", profiles, "--state-dir", str(state_dir),
-            "--base-port", str(base_port), "--time-scale", "100"]
+            "--profiles", profiles, "--state-dir", str(state_dir), "--time-scale", "100"]
+    if base_port is not None:
+        args += ["--base-port", str(base_port)]
     if tokens:
         args += ["--tokens", ",".join(tokens)]
     return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -219,3 +250,45 @@ def test_up_reports_a_refused_enrolment_and_exits(tmp_path):
     assert result.returncode == 1
     assert "h200-1: agent enroll failed" in result.stderr
     assert not (tmp_path / "h200-1.json").exists()
+
+
+@pytest.mark.e2e
+def test_up_takes_free_engine_ports_by_default(tmp_path):
+    """Whatever listens on 8100 (a demo's site, say), the fleet starts: its engines take free
+    ports unless given --base-port."""
+    platform = FakePlatform()
+    squatter = socket.socket()
+    try:
+        squatter.bind(("127.0.0.1", 8100))
+        squatter.listen()
+    except OSError:
+        pass  # taken already: as good for this test
+    try:
+        with ServerThread(platform) as fake:
+            proc = start_up(fake.url, tmp_path, None, ["rse_a", "rse_b"], profiles="h200,h200")
+            try:
+                wait_for(lambda: len({auth for auth, _ in platform.heartbeats}) == 2
+                         or proc.poll() is not None, what="heartbeats from two agents")
+                assert proc.poll() is None, proc.stdout.read()
+            finally:
+                out = stop(proc, signal.SIGTERM)
+    finally:
+        squatter.close()
+    ports = {int(body["engine"]["url"].rsplit(":", 1)[1]) for _, body in platform.heartbeats}
+    assert len(ports) == 2 and 8100 not in ports, out
+    assert all(body["engine"]["reachable"] for _, body in platform.heartbeats)
+
+
+@pytest.mark.e2e
+def test_up_says_in_one_line_why_it_cannot_listen(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "fleetsim", "up", "--platform", "http://127.0.0.1:1",
+             "--profiles", "h200", "--tokens", "rse_x", "--state-dir", str(tmp_path),
+             "--base-port", str(port)], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"fleetsim: cannot listen on 127.0.0.1:{port}: ")

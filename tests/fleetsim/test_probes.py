@@ -153,8 +153,9 @@ def test_deterministic_per_machine_id():
 
 
 def test_probes_use_only_the_standard_library_and_the_agent():
-    """The agent imports fleetsim.profiles and must run with httpx and pynvml alone; fleetsim
-    takes the probes' default parameters from the agent, whose modules import no more."""
+    """A simulated machine's agent process (`python -m fleetsim agent`) loads fleetsim.profiles
+    and must stay as light as the agent itself; fleetsim takes the probes' default parameters
+    from the agent, whose modules import no more."""
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, fleetsim.profiles; print(' '.join(sys.modules))"],
         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2],

