@@ -12,12 +12,14 @@ from rest_framework import generics, mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
+from rest_framework.utils.urls import replace_query_param
 
 from marketplace import selectors, services
 from marketplace.filters import SORTS, CatalogFilterForm
 from marketplace.models import EnrolmentToken, Listing, Node, Rental
 from marketplace.serializers import (
     CatalogCardSerializer,
+    CatalogPageSerializer,
     EnrolmentTokenSerializer,
     ListingSerializer,
     NodeSerializer,
@@ -29,8 +31,14 @@ def _query(name, type_, description, **kwargs):
     return OpenApiParameter(name, type_, OpenApiParameter.QUERY, description=description, **kwargs)
 
 
+CATALOG_PAGE_SIZE = 50
+
+
 @extend_schema_view(get=extend_schema(
+    operation_id="cards_list",
     parameters=[
+        _query("q", str, "Search: a GPU name, a model the machine serves, or the machine's "
+                         "name contains this (any case)."),
         _query("gpu", str, "This GPU model only (its full name, any case)."),
         _query("min_vram_gb", int, "At least this much VRAM (GB)."),
         _query("max_price", OpenApiTypes.DECIMAL, "At most this price per hour (USD)."),
@@ -38,23 +46,38 @@ def _query(name, type_, description, **kwargs):
         _query("region", str, "This region only (any case)."),
         _query("verified", str, "`1`: verified cards only.", enum=["", "1"]),
         _query("sort", str, "The order; by price if not given.", enum=["", *SORTS]),
+        _query("cursor", str, "The page: a `next` or `previous` link's cursor, with the same "
+                              "`sort`. The first page without it."),
     ],
-    responses={200: CatalogCardSerializer(many=True), 400: OpenApiResponse(
-        description="A filter is invalid or unknown: the errors by filter, each a list of "
-                    "`{message, code}`.")},
+    responses={200: CatalogPageSerializer, 400: OpenApiResponse(
+        description="A filter or the cursor is invalid, or a parameter unknown: the errors "
+                    "by parameter, each a list of `{message, code}`.")},
 ))
-class CatalogCardList(generics.ListAPIView):
-    """Cards for rent, with the catalog page's filters (`gpu`, `min_vram_gb`, `max_price`,
-    `min_reliability`, `region`, `verified=1`, `sort`)."""
+class CatalogCardList(generics.GenericAPIView):
+    """Cards for rent, with the catalog page's search and filters (`q`, `gpu`, `min_vram_gb`,
+    `max_price`, `min_reliability`, `region`, `verified=1`, `sort`), 50 a page. Pages are
+    keyset pages: follow `next` and `previous`, whose cursors name the row a page starts
+    after, so a page stays as fast at the end of the catalog as at its start."""
 
     serializer_class = CatalogCardSerializer
     permission_classes = [permissions.AllowAny]
+    pagination_class = None  # keyset pages of its own (selectors.catalog_page)
 
-    def get_queryset(self):
-        form = CatalogFilterForm(self.request.query_params)
+    def get(self, request):
+        form = CatalogFilterForm(request.query_params)
         if not form.is_valid():
             raise ValidationError(form.errors.get_json_data())
-        return selectors.cards_for_catalog(form.filters())
+        page = selectors.catalog_page(form.filters(), sort=form.sort_name(),
+                                      cursor=form.page_cursor(),
+                                      size=CATALOG_PAGE_SIZE)
+        url = request.build_absolute_uri()
+        return Response({
+            "count": page.count, "count_is_estimate": page.count_estimated,
+            "next": page.next_cursor and replace_query_param(url, "cursor", page.next_cursor),
+            "previous": page.previous_cursor and replace_query_param(url, "cursor",
+                                                                     page.previous_cursor),
+            "results": self.get_serializer(page.cards, many=True).data,
+        })
 
 
 class CatalogCardDetail(generics.RetrieveAPIView):
@@ -77,7 +100,8 @@ class RentalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Cre
         try:
             serializer.instance = services.rental_start(
                 renter=self.request.user, card_id=serializer.validated_data["card_id"],
-                hours=serializer.validated_data.get("hours"))
+                hours=serializer.validated_data.get("hours"),
+                accept_flagged=serializer.validated_data.get("accept_flagged", False))
         except services.RentalRefused as exc:
             raise ValidationError({"card": [str(exc)]}) from None
 

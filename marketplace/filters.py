@@ -3,19 +3,32 @@
 from decimal import Decimal
 
 from django import forms
-from django.db.models import F
+from django.db.models import F, FloatField, IntegerField
 
 from billing.pricing import usd_to_micros
+from marketplace import keyset
 
+
+def _orders(name: str, *keys: keyset.Key, indexed: int = 0) -> dict[str, keyset.Order]:
+    return {name: keyset.Order(keys, indexed=indexed),
+            f"-{name}": keyset.Order(keys, descending=True, indexed=indexed)}
+
+
+# Each sort's key ends with a unique tie-break, and each has an index that reads the rows in
+# its order (marketplace/migrations, "catalog keyset"): a page is the next 25 entries of it.
+CARD_ID = keyset.Key(F("id"), int)
 SORTS = {
-    "price": ("listing__price_per_hour_micros", "id"),
-    "-price": ("-listing__price_per_hour_micros", "id"),
-    "vram": ("memory_total_mib", "id"),
-    "-vram": ("-memory_total_mib", "id"),
-    "reliability": ("node__reliability_pct", "id"),
-    "-reliability": ("-node__reliability_pct", "id"),
-    "capacity": (F("verified_tokens_per_s").asc(nulls_first=True), "id"),
-    "-capacity": (F("verified_tokens_per_s").desc(nulls_last=True), "id"),
+    # The listing's own card_id (the card's id), so that one index on the listing holds both.
+    **_orders("price", keyset.Key(F("listing__price_per_hour_micros"), int),
+              keyset.Key(F("listing__card_id"), int)),
+    # An unknown size or an unverified card sorts as 0: first going up, last going down.
+    **_orders("vram", keyset.Key(keyset.coalesced("memory_total_mib", 0, IntegerField()), int),
+              CARD_ID),
+    # Reliability is the machine's: its cards stay together, in id order.
+    **_orders("reliability", keyset.Key(F("node__reliability_pct"), Decimal),
+              keyset.Key(F("node_id"), int), CARD_ID, indexed=1),
+    **_orders("capacity", keyset.Key(
+        keyset.coalesced("verified_tokens_per_s", 0.0, FloatField()), float), CARD_ID),
 }
 SORT_LABELS = {
     "price": "Price: low to high", "-price": "Price: high to low",
@@ -26,6 +39,7 @@ SORT_LABELS = {
 
 
 class CatalogFilterForm(forms.Form):
+    q = forms.CharField(required=False, max_length=100, strip=True, label="Search")
     gpu = forms.CharField(required=False, max_length=128, label="GPU model")
     min_vram_gb = forms.IntegerField(required=False, min_value=0, max_value=4096,
                                      label="Min VRAM (GB)")
@@ -39,7 +53,7 @@ class CatalogFilterForm(forms.Form):
                                  label="Verification")
     sort = forms.ChoiceField(required=False, choices=[("", "Default (price)")]
                              + list(SORT_LABELS.items()))
-    page = forms.IntegerField(required=False, min_value=1)
+    cursor = forms.CharField(required=False, max_length=512, label="Page")
 
     def __init__(self, data=None, *args, strict: bool = True, **kwargs):
         super().__init__(data, *args, **kwargs)
@@ -56,6 +70,18 @@ class CatalogFilterForm(forms.Form):
             self.add_error(None, f"Unknown filter '{name}'.")
         return cleaned
 
+    def clean_cursor(self):
+        token = self.cleaned_data.get("cursor") or ""
+        if not token:
+            return None
+        if "sort" not in self.cleaned_data:
+            return None  # the sort's own error says what is wrong
+        sort = self.cleaned_data["sort"] or "price"
+        try:
+            return keyset.decode(token, sort, SORTS[sort])
+        except keyset.InvalidCursor as exc:
+            raise forms.ValidationError(str(exc)) from None
+
     def filters(self) -> dict:
         """The validated filters with money in micros; only call after is_valid()."""
         data = self.cleaned_data
@@ -70,5 +96,12 @@ class CatalogFilterForm(forms.Form):
             "min_reliability": data.get("min_reliability"),
             "region": data.get("region") or None,
             "verified_only": data.get("verified") == "1",
-            "sort": SORTS[data.get("sort") or "price"],
+            "search": data.get("q") or None,
         }
+
+    def sort_name(self) -> str:
+        return self.cleaned_data.get("sort") or "price"
+
+    def page_cursor(self) -> tuple[bool, list] | None:
+        """(backwards, key values) of the row the page starts after, or None: the first page."""
+        return self.cleaned_data.get("cursor")

@@ -51,6 +51,8 @@ FULL_EVERY_S = 600
 # width move with load (the GPU saves power when idle), and a busy GPU would otherwise never
 # repeat its report. The full path stores them when anything else changes, or at FULL_EVERY_S.
 VOLATILE_GPU_FACTS = ("pcie_gen_current", "pcie_width_current")
+# Free disk space moves with every log line and download, the same way.
+VOLATILE_HOST_FACTS = ("disk_free_gb",)
 GEN_TTL_S = 86_400  # a generation outlives any full heartbeat in flight by far
 
 # A fast heartbeat counted, in one step: the node's latest time, its hour's count.
@@ -109,8 +111,8 @@ def body_digest(body: bytes) -> str:
 
 def report_digest(body: bytes) -> str | None:
     """sha256 of the report as parsed JSON with its keys sorted and its volatile facts left out
-    (key order, spacing and a PCIe link that moved do not make a report new); None for a body
-    that is not JSON."""
+    (key order, spacing, a PCIe link or free disk space that moved do not make a report new);
+    None for a body that is not JSON."""
     try:
         parsed = json.loads(body)
         gpus = parsed.get("gpus") if isinstance(parsed, dict) else None
@@ -118,6 +120,10 @@ def report_digest(body: bytes) -> str | None:
             if isinstance(gpu, dict):
                 for name in VOLATILE_GPU_FACTS:
                     gpu.pop(name, None)
+        host = parsed.get("host") if isinstance(parsed, dict) else None
+        if isinstance(host, dict):
+            for name in VOLATILE_HOST_FACTS:
+                host.pop(name, None)
         canonical = json.dumps(parsed, sort_keys=True, separators=(",", ":"))
     except (ValueError, RecursionError):
         return None

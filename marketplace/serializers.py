@@ -1,8 +1,9 @@
 from decimal import Decimal
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from billing.pricing import micros_to_usd, usd_to_micros
+from billing.serializers import UsdField
 from marketplace.models import Card, EnrolmentToken, Listing, Node, Rental
 
 # --- agent protocol (docs/agent-protocol.md) ---
@@ -29,6 +30,17 @@ class GpuReportSerializer(serializers.Serializer):
                                               required=False, default=None)
     power_limit_w = serializers.IntegerField(min_value=0, max_value=10_000, allow_null=True,
                                              required=False, default=None)
+
+
+class HostReportSerializer(serializers.Serializer):
+    """The machine around the GPUs (agent/host.py); each fact optional, absent when unknown."""
+
+    cpu_model = serializers.CharField(max_length=256, required=False, allow_blank=True)
+    cpu_cores = serializers.IntegerField(min_value=1, max_value=65_535, required=False)
+    ram_mib = serializers.IntegerField(min_value=1, max_value=2_000_000_000, required=False)
+    disk_free_gb = serializers.IntegerField(min_value=0, max_value=2_000_000_000,
+                                            required=False)
+    net_link_mbps = serializers.IntegerField(min_value=1, max_value=10_000_000, required=False)
 
 
 ENGINE_KINDS = ("vllm", "llama.cpp")
@@ -86,6 +98,8 @@ class HeartbeatSerializer(serializers.Serializer):
                                          required=False, default=None)
     gpus = serializers.ListField(child=GpuReportSerializer(), max_length=64)
     engine = EngineReportSerializer()
+    # Absent from agents older than the field: their nodes show no host facts.
+    host = HostReportSerializer(required=False)
 
     def validate_gpus(self, gpus):
         indexes = [gpu["index"] for gpu in gpus]
@@ -117,17 +131,34 @@ class HeartbeatResponseSerializer(serializers.Serializer):
 
 # --- catalog, rentals, provider resources ---
 
-class UsdField(serializers.DecimalField):
-    """Dollars as a decimal string in the API, integer micros in the database."""
+class HostSerializer(serializers.ModelSerializer):
+    """The machine around the GPU, as its agent measured it; null where it could not."""
 
-    def __init__(self, **kwargs):
-        super().__init__(max_digits=14, decimal_places=6, coerce_to_string=True, **kwargs)
+    cpu_model = serializers.SerializerMethodField()
+    cpu_cores = serializers.IntegerField(allow_null=True, help_text="Logical CPUs.")
+    ram_mib = serializers.IntegerField(allow_null=True)
+    disk_free_gb = serializers.IntegerField(
+        allow_null=True, help_text="Free space of the root filesystem, in 10^9 bytes.")
+    net_link_mbps = serializers.IntegerField(
+        allow_null=True, help_text="The fastest physical network link's speed, in Mb/s.")
 
-    def to_representation(self, value):
-        return super().to_representation(micros_to_usd(value))
+    class Meta:
+        model = Node
+        fields = ["cpu_model", "cpu_cores", "ram_mib", "disk_free_gb", "net_link_mbps"]
 
-    def to_internal_value(self, data):
-        return usd_to_micros(super().to_internal_value(data))
+    def get_cpu_model(self, node) -> str | None:
+        return node.cpu_model or None
+
+
+class VerifiedCapacitySerializer(serializers.Serializer):
+    tokens_per_s = serializers.FloatField(source="verified_tokens_per_s", help_text=(
+        "Output tokens/s of this one card: its share of its machine's engine under load (a "
+        "machine of 2 cards serving one model in tensor parallel counts half each)."))
+    per = serializers.ChoiceField(choices=["card"], help_text="What the figure is for: a card.")
+    model = serializers.CharField(source="verified_model", help_text=(
+        "The model the engine served during the load test (\"\" if it did not say)."))
+    concurrency = serializers.IntegerField(source="verified_concurrency", allow_null=True,
+                                           help_text="Concurrent requests it was measured at.")
 
 
 class CatalogCardSerializer(serializers.ModelSerializer):
@@ -140,13 +171,43 @@ class CatalogCardSerializer(serializers.ModelSerializer):
     region = serializers.CharField(source="node.region")
     node_id = serializers.IntegerField()
     node_name = serializers.CharField(source="node.name")
+    verified_capacity = serializers.SerializerMethodField(help_text=(
+        "What `sort=capacity` orders by; null until a load test measured it."))
+    reference_spec = serializers.CharField(help_text=(
+        "The spec the card was judged against; \"\" when the spec table has none for it."))
+    bandwidth_measured_gbs = serializers.FloatField(source="bandwidth_gbs", allow_null=True,
+                                                    help_text="Memory bandwidth the probes "
+                                                    "measured (STREAM triad, best run).")
+    bandwidth_spec_gbs = serializers.IntegerField(source="spec_bandwidth_gbs", allow_null=True,
+                                                  help_text="The reference spec's figure.")
+    host = HostSerializer(source="node", read_only=True)
 
     class Meta:
         model = Card
         fields = ["id", "gpu_model", "vram_gb", "memory_total_mib", "cards_per_node",
                   "price_per_hour_usd", "reliability_pct", "region", "verification_status",
-                  "node_id", "node_name", "compute_capability", "pcie_gen_current",
-                  "pcie_gen_max", "pcie_width_current", "pcie_width_max", "power_limit_w"]
+                  "verified_capacity", "reference_spec", "bandwidth_measured_gbs",
+                  "bandwidth_spec_gbs", "node_id", "node_name", "host", "compute_capability",
+                  "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
+                  "power_limit_w"]
+
+    @extend_schema_field(VerifiedCapacitySerializer(allow_null=True))
+    def get_verified_capacity(self, card) -> dict | None:
+        if card.verified_tokens_per_s is None:
+            return None
+        return VerifiedCapacitySerializer({
+            "verified_tokens_per_s": card.verified_tokens_per_s, "per": "card",
+            "verified_model": card.verified_model,
+            "verified_concurrency": card.verified_concurrency}).data
+
+
+class CatalogPageSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text=(
+        "Cards matching the filters: exact up to 1,000, beyond that an estimate."))
+    count_is_estimate = serializers.BooleanField()
+    next = serializers.URLField(allow_null=True, help_text="The next page, or null.")
+    previous = serializers.URLField(allow_null=True, help_text="The page before, or null.")
+    results = CatalogCardSerializer(many=True)
 
 
 class ListingSerializer(serializers.ModelSerializer):
@@ -199,6 +260,9 @@ class EnrolmentTokenSerializer(serializers.ModelSerializer):
 class RentalSerializer(serializers.ModelSerializer):
     hours = serializers.IntegerField(write_only=True, required=False, allow_null=True,
                                      min_value=1, max_value=24 * 90)
+    accept_flagged = serializers.BooleanField(
+        write_only=True, required=False, default=False,
+        help_text="Required for a card that verification flagged: you read its findings.")
     card = serializers.IntegerField(source="card_id")
     price_per_hour_usd = UsdField(source="price_per_hour_micros", read_only=True)
     elapsed_seconds = serializers.SerializerMethodField()
@@ -209,7 +273,8 @@ class RentalSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Rental
-        fields = ["id", "card", "gpu_model", "hours", "price_per_hour_usd", "started_at",
+        fields = ["id", "card", "gpu_model", "hours", "accept_flagged", "price_per_hour_usd",
+                  "started_at",
                   "ends_at", "stopped_at", "stop_reason", "elapsed_seconds"]
         read_only_fields = ["started_at", "ends_at", "stopped_at"]
 

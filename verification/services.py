@@ -510,6 +510,8 @@ def run_status(run_id: int) -> str | None:
 
 def _publish_verdicts(run, cards, findings, *, share_of=None) -> None:
     specs = _specs()
+    bandwidths = dict(run.measurements.filter(card__in=cards, metric="bandwidth_gbs")
+                      .values_list("card_id", "value"))
     for card in cards:
         mine = [ev.Finding(f.metric, f.severity, f.claimed, f.expected, f.measured, f.message)
                 for f in findings if f.card_id == card.pk]
@@ -517,7 +519,11 @@ def _publish_verdicts(run, cards, findings, *, share_of=None) -> None:
         spec = ev.spec_for(card.name, specs)
         marketplace.card_verification_publish(
             card_id=card.pk, status=ev.verdict(mine), tokens_per_s=share,
-            reference_spec=spec.name if spec else "")
+            model=run.model if share is not None else "",
+            concurrency=int(share_of.metric.removeprefix("tps@")) if share is not None else None,
+            reference_spec=spec.name if spec else "", bandwidth_gbs=bandwidths.get(card.pk),
+            spec_bandwidth_gbs=spec.bandwidth_gbs if spec else None,
+            problems=sum(f.severity in (ev.MISMATCH, ev.WARNING) for f in mine))
 
 
 def run_rejudge(*, run_id: int) -> bool:

@@ -86,6 +86,9 @@ def test_an_honest_h200_is_verified_with_its_capacity_published(bob, h200_engine
     assert tps["tps@32"] > 4 * tps["tps@1"] and tps["tps@128"] > 4 * tps["tps@1"]
     assert tps["prefix_speedup"] > 2 and tps["context_accepted"] == 1.0
     assert card.verified_tokens_per_s == pytest.approx(tps["tps@32"])
+    # What the figure means, and the bandwidth against the spec, as the catalog shows them.
+    assert (card.verified_model, card.verified_concurrency) == ("Qwen/Qwen3-27B", 32)
+    assert (card.bandwidth_gbs, card.spec_bandwidth_gbs) == (4210.0, 4800)
     assert VerifiedCapacity.objects.get(card=card).tokens_per_s == pytest.approx(tps["tps@32"])
     severities = dict(Finding.objects.filter(run=run).values_list("metric", "severity"))
     assert {"identity", "bandwidth", "compute", "vram", "pcie", "serving", "prefix_cache",
