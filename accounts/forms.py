@@ -9,6 +9,11 @@ class SignUpForm(UserCreationForm):
         model = User
         fields = ("email",)
 
+    def validate_password_for_user(self, user, **kwargs):
+        # Django attaches a too-short or too-common password's errors to the confirmation
+        # field; they are about the password itself, so they show under it.
+        super().validate_password_for_user(user, password_field_name="password1")
+
     def clean_email(self):
         email = self.cleaned_data["email"].lower()
         if User.objects.filter(email=email).exists():

@@ -174,3 +174,20 @@ def server_threads_closed(django_db_setup, django_db_blocker):
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                        " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _static_files():
+    """The pages run with DEBUG off, as in production, so they link the hashed names of
+    `collectstatic`'s manifest. It is collected once per set of sources (tests/static.py) and
+    used by this process and the servers it starts (STATIC_ROOT in their environment)."""
+    import os
+
+    from django.test import override_settings
+
+    from tests.static import collected_static_root
+
+    root = collected_static_root()
+    os.environ["STATIC_ROOT"] = str(root)
+    with override_settings(STATIC_ROOT=root):
+        yield root

@@ -126,9 +126,15 @@ class Measurement(models.Model):
     details = models.JSONField(default=dict, blank=True)
 
     class Meta:
+        # Two partial unique indexes rather than one with NULLS NOT DISTINCT, which SQLite (the
+        # demo's database) cannot enforce: the engine's own figures (card NULL) are unique too.
         constraints = [
-            models.UniqueConstraint(fields=["run", "card", "metric"], name="measurement_once",
-                                    nulls_distinct=False),
+            models.UniqueConstraint(fields=["run", "card", "metric"],
+                                    condition=models.Q(card__isnull=False),
+                                    name="measurement_once_per_card"),
+            models.UniqueConstraint(fields=["run", "metric"],
+                                    condition=models.Q(card__isnull=True),
+                                    name="measurement_once_per_engine"),
         ]
 
     def __str__(self):

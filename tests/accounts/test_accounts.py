@@ -28,6 +28,26 @@ def test_signup_form_errors_are_shown(client):
     assert not User.objects.exists()
 
 
+def test_a_weak_password_is_refused_under_the_password_field(client):
+    response = client.post("/accounts/signup/", {"email": "dana@example.com",
+                                                 "password1": "short", "password2": "short"})
+    form = response.context["form"]
+    assert "This password is too short" in " ".join(form.errors["password1"])
+    assert "password2" not in form.errors
+    # On the page the message sits inside the password field's block, before the confirmation.
+    html = response.content.decode()
+    assert html.index("This password is too short") < html.index('for="id_password2"')
+    assert html.index('for="id_password1"') < html.index("This password is too short")
+    assert not User.objects.exists()
+
+
+def test_a_mismatched_confirmation_is_refused_under_the_confirmation(client):
+    form = client.post("/accounts/signup/", {
+        "email": "dana@example.com", "password1": "a-long-passphrase-9",
+        "password2": "a-long-passphrase-8"}).context["form"]
+    assert list(form.errors) == ["password2"]
+
+
 def test_login_with_email_and_password(client, alice):
     response = client.post("/accounts/login/", {"username": "alice@example.com",
                                                 "password": "correct horse battery"})

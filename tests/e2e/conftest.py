@@ -31,8 +31,14 @@ BROWSER_TIMEOUT_MS = 10_000
 @pytest.fixture
 def page(live_server, monkeypatch):
     """A fresh Chromium page; closed before the database is flushed."""
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
     from django.db import connections
     from playwright import sync_api
+
+    # The live server's own static handler finds only the source names; the pages link the
+    # hashed names of collectstatic, which WhiteNoise serves (compressed, cached) as in
+    # production.
+    monkeypatch.setattr(StaticFilesHandler, "_should_handle", lambda self, path: False)
 
     if not Path(CHROMIUM).exists():
         # A missing browser is a broken set-up, not a reason to skip: `make test` installs it.
