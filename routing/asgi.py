@@ -27,7 +27,8 @@ class Application:
         self.django_app = django_app
 
     async def __call__(self, scope, receive, send):
-        view = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
+        # A trailing slash names the same endpoint (`/v1/chat/completions/`).
+        view = ROUTES.get(scope["path"].rstrip("/")) if scope["type"] == "http" else None
         if view is None:
             return await self.django_app(scope, receive, send)
         body = await _read_body(receive)

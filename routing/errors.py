@@ -122,7 +122,6 @@ class NoCapacity(ServiceUnavailable):
 # class's own. A spend limit is a quota the key's owner set (OpenAI's insufficient_quota type),
 # answered 429 so that clients back off instead of asking for a top-up.
 _FROM_BILLING: dict[type, tuple[type[ApiError], dict]] = {
-    billing.NoPrice: (NotFound, {"code": ErrorCode.MODEL_NOT_FOUND}),
     billing.ModelNotAllowed: (PermissionDenied, {"code": ErrorCode.MODEL_NOT_ALLOWED}),
     billing.RateLimited: (RateLimited, {}),
     billing.InsufficientBalance: (PaymentRequired, {}),

@@ -92,7 +92,7 @@ class RequestLog(models.Model):
 
     request_id = models.CharField(max_length=100, db_index=True)
     created_at = models.DateTimeField(db_index=True)
-    user_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+    user_id = models.BigIntegerField(null=True, blank=True)  # (user_id, created_at) below
     api_key_id = models.BigIntegerField(null=True, blank=True)
     endpoint = models.CharField(max_length=32)
     model = models.CharField(max_length=200, blank=True)
@@ -106,6 +106,11 @@ class RequestLog(models.Model):
     estimated = models.BooleanField(default=False)
     ttft_ms = models.FloatField(null=True, blank=True)
     latency_ms = models.FloatField()
+
+    class Meta:
+        # A consumer's activity log, newest first, a page at a time (routing.selectors).
+        indexes = [models.Index(fields=["user_id", "created_at", "id"],
+                                name="requestlog_user_time")]
 
     def __str__(self):
         return f"{self.request_id} {self.status}"

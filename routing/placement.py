@@ -152,7 +152,7 @@ def eligible(workers: Sequence[Worker] | Fleet, *, user_id: int, context_needed:
     `open_ids`: deployments whose circuit is open (routing/retry.py)."""
     fleet = Fleet.of(workers)
     cols = fleet.cols
-    context = np.where(cols["context"] > 0, cols["context"], model_context)
+    context = contexts(fleet, model_context)
     usable = context >= context_needed
     if len(fleet) and not usable.any():
         return errors.ContextLengthExceeded(
@@ -164,8 +164,21 @@ def eligible(workers: Sequence[Worker] | Fleet, *, user_id: int, context_needed:
     own = usable & (cols["renter"] == user_id)
     if own.any():
         return fleet.take(own)
-    shared = usable & (cols["renter"] == 0) & cols["verified"] & (cols["capacity"] > 0)
+    shared = usable & shares(fleet)
     if shared.any():
         return fleet.take(shared)
     return errors.NoCapacity("No verified worker can take this request right now; retry "
                              "shortly.")
+
+
+def contexts(fleet: Fleet, model_context: int) -> np.ndarray:
+    """Each worker's context (prompt + completion tokens): its engine's own, or the model's
+    where the engine did not say."""
+    return np.where(fleet.cols["context"] > 0, fleet.cols["context"], model_context)
+
+
+def shares(fleet: Fleet) -> np.ndarray:
+    """Which workers take shared traffic: verified, with a measured capacity, rented by
+    nobody."""
+    cols = fleet.cols
+    return (cols["renter"] == 0) & cols["verified"] & (cols["capacity"] > 0)

@@ -54,6 +54,7 @@ class ModelEntry:
     context_length: int
     created: int  # unix time, for /v1/models
     prices: tuple[tuple[datetime, Price], ...]  # newest effective time first
+    description: str = ""
 
     def price_at(self, at: datetime) -> Price | None:
         for effective_at, price in self.prices:
@@ -197,7 +198,8 @@ def _entries() -> tuple[dict[str, ModelEntry], dict[str, str]]:
         prices[row.model].append((row.effective_at, Price(
             row.pk, row.input_micros_per_mtok, row.output_micros_per_mtok)))
     entries = {name: ModelEntry(name, m.context_length, int(m.created_at.timestamp()),
-                                tuple(prices[name])) for name, m in models.items()}
+                                tuple(prices[name]), m.description)
+               for name, m in models.items()}
     return entries, mapping
 
 

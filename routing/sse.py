@@ -1,11 +1,14 @@
 """The engine's server-sent events as the relay passes them on: cut only at event boundaries,
 parsed only as far as billing needs. The usage chunk is kept (and dropped again if the client
 did not ask for it); the content chunks are counted (each engine streams one token per chunk:
-what a cut stream is billed for); the model id is rewritten to the public name."""
+what a cut stream is billed for); the model id is rewritten to the public name, and an event
+that carries an engine's own fields is rewritten with OpenAI's alone (routing/answers.py)."""
 
 import json
 import re
 from dataclasses import dataclass
+
+from routing import answers
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n")
 # A chunk that carries text: a chat delta's content or a completion's text, not empty.
@@ -62,11 +65,27 @@ class StreamState:
                 self.usage = usage
                 if not self.include_usage:
                     return b""
+                return self._normalized(event)
         elif _CONTENT.search(event):
             self.delivered += 1
+        if answers.needs_normalizing(event):
+            return self._normalized(event)
         for old, new in zip(self.model_from, self.model_to, strict=True):
             event = event.replace(old, new, 1)
         return event
+
+    def _normalized(self, event: bytes) -> bytes:
+        try:
+            chunk = json.loads(event[event.index(b"{"):])
+        except ValueError:
+            return event  # not JSON: passed on as the engine sent it
+        if not isinstance(chunk, dict):
+            return event
+        chunk = answers.normalize(chunk)
+        if "model" in chunk:
+            chunk["model"] = json.loads(self.model_to[0].partition(b":")[2])
+        end = b"\r\n\r\n" if event.endswith(b"\r\n\r\n") else b"\n\n"
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + end
 
 
 def model_patterns(name: str) -> tuple[bytes, bytes]:
