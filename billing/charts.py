@@ -1,7 +1,12 @@
-"""Geometry for the server-rendered SVG bar chart of cost per day (no ORM, no JavaScript)."""
+"""Geometry for the site's server-rendered SVG bar charts (no ORM, no JavaScript): cost and
+earnings per day, and a machine's hourly uptime. Here, the lowest app, so every page can use
+the one module."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -11,6 +16,7 @@ class Bar:
     width: float
     height: float
     title: str
+    css: str = ""
 
 
 @dataclass(frozen=True)
@@ -20,7 +26,7 @@ class BarChart:
     bars: list[Bar]
     first_label: str
     last_label: str
-    max_label: str
+    max_label: str = ""
 
 
 def days_ending(last: date, count: int) -> list[date]:
@@ -46,3 +52,25 @@ def cost_per_day_chart(days: list[date], cost_by_day: dict[date, int], *, fmt=st
                     first_label=f"{days[0]:%b %d}" if days else "",
                     last_label=f"{days[-1]:%b %d}" if days else "",
                     max_label=fmt(top) if top > 0 else "")
+
+
+class Hour(Protocol):
+    hour: datetime
+    pct: Decimal  # share of the hour the machine was up
+
+
+def uptime_chart(bars: Sequence[Hour], *, slots: int = 48, width: int = 480,
+                 height: int = 60) -> BarChart:
+    """Hourly bars, height = share of the hour covered by heartbeats. Bars keep one width and
+    end at the right edge ("now"), so a machine that joined an hour ago shows one thin bar."""
+    slots = max(slots, len(bars), 1)
+    slot = width / slots
+    out = []
+    for i, bar in enumerate(bars, start=slots - len(bars)):
+        h = float(bar.pct) / 100 * (height - 2)
+        css = "up" if bar.pct >= Decimal("99") else "partial" if bar.pct > 0 else "down"
+        out.append(Bar(x=round(i * slot + 1, 2), y=round(height - max(h, 2), 2),
+                       width=round(max(slot - 2, 1), 2), height=round(max(h, 2), 2), css=css,
+                       title=f"{bar.hour:%Y-%m-%d %H:00} UTC: {bar.pct}% up"))
+    return BarChart(width=width, height=height, bars=out, first_label=f"{slots} h ago",
+                    last_label="now")

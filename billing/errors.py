@@ -12,10 +12,6 @@ class MeteringError(Exception):
         self.message = message
 
 
-class NoPrice(MeteringError):
-    pass
-
-
 class ModelNotAllowed(MeteringError):
     pass
 

@@ -6,7 +6,7 @@ from django import forms
 from django.core.validators import RegexValidator
 
 from accounts.models import User
-from billing.models import ApiKey
+from billing.models import ApiKey, PayoutDestination
 from billing.pricing import micros_to_usd, usd_to_micros
 
 
@@ -53,6 +53,28 @@ class PayoutRequestForm(forms.Form):
 
     def amount_micros(self) -> int:
         return usd_to_micros(self.cleaned_data["amount"])
+
+
+class PayoutDestinationForm(forms.Form):
+    """Where payouts go; billing.services.payout_destination_set checks the numbers."""
+
+    method = forms.ChoiceField(label="Paid by", choices=PayoutDestination.Method.choices,
+                               widget=forms.RadioSelect)
+    holder_name = forms.CharField(label="Account holder's name", max_length=140)
+    iban = forms.CharField(label="IBAN", max_length=50, required=False,
+                           help_text="For a bank transfer, e.g. DE89 3704 0044 0532 0130 00.")
+    bic = forms.CharField(label="BIC (optional)", max_length=20, required=False)
+    paypal_email = forms.EmailField(label="PayPal address", required=False,
+                                    help_text="For PayPal.")
+
+    def clean(self):
+        cleaned = super().clean()
+        method = cleaned.get("method")
+        if method == PayoutDestination.Method.BANK and not cleaned.get("iban"):
+            self.add_error("iban", "A bank transfer needs the IBAN.")
+        if method == PayoutDestination.Method.PAYPAL and not cleaned.get("paypal_email"):
+            self.add_error("paypal_email", "PayPal needs the address.")
+        return cleaned
 
 
 class ApiKeyForm(forms.Form):

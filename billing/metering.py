@@ -28,11 +28,10 @@ from billing.errors import (
     KeySpendLimitReached,
     MeteringError,
     ModelNotAllowed,
-    NoPrice,
     RateLimited,
 )
 from billing.keys import KeyInfo
-from billing.models import Account, Charge, Hold, KeySpend, ModelPrice, Transfer
+from billing.models import Account, Charge, Hold, KeySpend, Transfer
 
 HOLD_TTL = timedelta(hours=2)  # longer than any request may run; then billing.usage closes it
 SQL_FUNCTIONS = True  # on PostgreSQL, reserve and settle through the database functions
@@ -78,7 +77,7 @@ class Usage:
 @dataclass(frozen=True)
 class Worker:
     provider_id: int | None  # the user who earns; None: the platform served it itself
-    reference: str  # e.g. card:7
+    reference: str  # what earned it, as the seller names it: node:7 (a machine)
 
 
 @dataclass(frozen=True)
@@ -89,14 +88,6 @@ class ChargeInfo:
     completion_tokens: int
     estimated: bool
     capped: bool
-
-
-def price_at(model: str, at: datetime | None = None) -> Price:
-    row = (ModelPrice.objects.filter(model=model, effective_at__lte=at or timezone.now())
-           .order_by("-effective_at").first())
-    if row is None:
-        raise NoPrice(f"The model '{model}' has no price.")
-    return Price(row.pk, row.input_micros_per_mtok, row.output_micros_per_mtok)
 
 
 def max_cost_micros(price: Price, *, prompt_tokens: int, max_tokens: int) -> int:

@@ -94,6 +94,7 @@ class Entry(models.Model):
     amount_micros = models.BigIntegerField()
 
     class Meta:
+        verbose_name_plural = "entries"
         indexes = [models.Index(fields=["account", "transfer"])]
         constraints = [models.CheckConstraint(condition=~Q(amount_micros=0),
                                               name="entry_not_zero")]
@@ -222,7 +223,7 @@ class Charge(models.Model):
     provider = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                  on_delete=models.PROTECT, related_name="served_charges",
                                  db_constraint=False, db_index=False)
-    worker = models.CharField(max_length=100, blank=True)  # e.g. card:7
+    worker = models.CharField(max_length=100, blank=True)  # what served it, e.g. node:7
     prompt_tokens = models.PositiveIntegerField()
     completion_tokens = models.PositiveIntegerField()
     cost_micros = models.BigIntegerField()
@@ -316,6 +317,9 @@ class Payout(models.Model):
                                    on_delete=models.PROTECT, related_name="+")
     transfer = models.OneToOneField(Transfer, null=True, blank=True, on_delete=models.PROTECT,
                                     related_name="+")
+    # Where to send it, as it was when the payout was requested: a later change of the
+    # destination does not redirect a payout already asked for.
+    destination = models.CharField(max_length=300, blank=True)
 
     class Meta:
         ordering = ["-requested_at"]
@@ -324,3 +328,45 @@ class Payout(models.Model):
 
     def __str__(self):
         return f"payout #{self.pk} ({self.status})"
+
+
+class PayoutDestination(models.Model):
+    """Where a provider's payouts go. One per provider; a payout request copies it."""
+
+    class Method(models.TextChoices):
+        BANK = "bank", "bank transfer (IBAN)"
+        PAYPAL = "paypal", "PayPal"
+
+    provider = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                                    related_name="payout_destination")
+    method = models.CharField(max_length=16, choices=Method.choices)
+    holder_name = models.CharField(max_length=140)
+    iban = models.CharField(max_length=34, blank=True)  # compact, checked (stdnum.iban)
+    bic = models.CharField(max_length=11, blank=True)
+    paypal_email = models.EmailField(blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(method="bank") & ~Q(iban="")) | (Q(method="paypal")
+                                                             & ~Q(paypal_email="")),
+                name="payout_destination_complete"),
+        ]
+
+    def __str__(self):
+        return self.masked()
+
+    def full(self) -> str:
+        """What an operator pays to."""
+        if self.method == self.Method.BANK:
+            bic = f", BIC {self.bic}" if self.bic else ""
+            return f"bank transfer to {self.holder_name}, IBAN {self.iban}{bic}"
+        return f"PayPal to {self.holder_name}, {self.paypal_email}"
+
+    def masked(self) -> str:
+        """What the provider's pages show: enough to recognise it, not to copy it."""
+        if self.method == self.Method.BANK:
+            return f"bank transfer to {self.holder_name}, IBAN {self.iban[:4]} …{self.iban[-4:]}"
+        name, _, domain = self.paypal_email.partition("@")
+        return f"PayPal to {self.holder_name}, {name[:2]}…@{domain}"

@@ -41,8 +41,25 @@ def micros_to_usd(micros: int) -> Decimal:
     return (Decimal(int(micros)) / MICROS_PER_USD).quantize(_SIX_PLACES)
 
 
+# The site's display rule: balances, prices and totals in cents; the exact form only where an
+# amount is made of per-token prices (a request's cost, a price per 1M tokens), which are
+# fractions of a cent, and always next to a label that says so.
+def usd_per_token(micros_per_mtok: int) -> str:
+    """A per-million-tokens price as dollars per token, exact, in plain digits ("0.0000002"):
+    how OpenAI-compatible model lists (OpenRouter's `pricing`) write a price."""
+    usd = (Decimal(int(micros_per_mtok)) / (MICROS_PER_USD * MTOK)).normalize()
+    return f"{usd:f}"
+
+
 def format_usd(micros: int) -> str:
-    """$12.50, $1.2345, -$0.0042: at least cents, more digits only when the amount has them."""
+    """$12.50, $74.97, -$0.42: rounded to the cent (half away from zero)."""
+    usd = micros_to_usd(micros).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    sign = "-" if usd < 0 else ""
+    return f"{sign}${abs(usd):,}"
+
+
+def format_usd_exact(micros: int) -> str:
+    """$12.50, $0.000412, -$0.0042: to the micro-dollar, with at least cents."""
     usd = micros_to_usd(micros).normalize()
     if usd.as_tuple().exponent > -2:
         usd = usd.quantize(Decimal("0.01"))

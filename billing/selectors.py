@@ -1,5 +1,6 @@
 """Reads shared by billing pages, the API, tests and the reconciliation task."""
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.db import connection
@@ -96,3 +97,72 @@ def usage_by_day_and_model(user_id: int, *, since: datetime, api_key_id: int | N
             .annotate(requests=Count("id"), prompt_tokens=Sum("prompt_tokens"),
                       completion_tokens=Sum("completion_tokens"), cost_micros=Sum("cost_micros"))
             .order_by("-day", "model"))
+
+
+# A request moves credit three or four times (reserve, then settle and give back the rest, or
+# release); the statement shows it as one line, its net cost.
+REQUEST_TRANSFER_KINDS = ("reserve", "settle", "release")
+
+
+@dataclass(frozen=True)
+class StatementLine:
+    transfer_id: int  # the last transfer of the line: the statement's order
+    created_at: datetime
+    ledger: str  # "credit" (wallet and held credit together) or "earnings"
+    kind: str  # a transfer kind, or "request"
+    reference: str
+    memo: str
+    amount_micros: int
+    balance_after_micros: int  # of the line's ledger, after the line
+    model: str = ""  # a request's model
+    requests_pending: bool = False  # a request whose hold is still open
+    cursor: str = ""  # where the next page starts: `before=` for user_statement
+
+
+_STATEMENT_SQL = """
+WITH e AS (
+    SELECT en.id, en.transfer_id, en.amount_micros, t.kind, t.reference, t.memo, t.created_at,
+           CASE WHEN a.kind = 'earnings' THEN 'earnings' ELSE 'credit' END AS ledger,
+           SUM(en.amount_micros) OVER (
+               PARTITION BY a.kind = 'earnings' ORDER BY en.transfer_id, en.id) AS running
+      FROM billing_entry en
+      JOIN billing_account a ON a.id = en.account_id
+      JOIN billing_transfer t ON t.id = en.transfer_id
+     WHERE a.owner_id = %(user)s AND a.kind IN ('wallet', 'holds', 'earnings')
+), g AS (
+    SELECT CASE WHEN kind = ANY(%(request_kinds)s) THEN ledger || ':' || reference
+                ELSE 'entry:' || id END AS line,
+           bool_or(kind = ANY(%(request_kinds)s)) AS is_request,
+           bool_or(kind = 'reserve') AND NOT bool_or(kind <> 'reserve') AS only_reserved,
+           max(transfer_id) AS transfer_id, max(created_at) AS created_at, min(ledger) AS ledger,
+           min(kind) AS kind, min(reference) AS reference, min(memo) AS memo,
+           sum(amount_micros) AS amount_micros,
+           (array_agg(running ORDER BY transfer_id DESC, id DESC))[1] AS balance_after
+      FROM e GROUP BY 1
+)
+SELECT g.transfer_id, g.created_at, g.ledger,
+       CASE WHEN g.is_request THEN 'request' ELSE g.kind END, g.reference, g.memo,
+       g.amount_micros, g.balance_after, COALESCE(h.model, ''), g.only_reserved,
+       g.transfer_id || '_' || g.line
+  FROM g LEFT JOIN billing_hold h
+    ON g.is_request AND h.request_id = substr(g.reference, length('request:') + 1)
+ WHERE %(before_id)s::bigint IS NULL
+    OR (g.transfer_id, g.line) < (%(before_id)s::bigint, %(before_line)s::text)
+ ORDER BY g.transfer_id DESC, g.line DESC
+ LIMIT %(limit)s
+"""
+
+
+def user_statement(user_id: int, *, limit: int, before: str = "") -> list[StatementLine]:
+    """The user's ledger as people read a statement, newest first: one line a transfer and
+    ledger, except that a request's reserve, settle and give-back are one line with its net
+    cost. Keyset-paged: `before` is the last line's `cursor` of the page before (a cursor that
+    does not parse starts at the newest line). One query."""
+    before_id, _, before_line = before.partition("_")
+    params = {"user": user_id, "request_kinds": list(REQUEST_TRANSFER_KINDS), "limit": limit,
+              "before_id": int(before_id) if before_id.isdigit() and len(before_id) < 19
+              and before_line else None,
+              "before_line": before_line}
+    with connection.cursor() as cur:
+        cur.execute(_STATEMENT_SQL, params)
+        return [StatementLine(*row) for row in cur.fetchall()]

@@ -5,14 +5,19 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from stdnum import bic as stdnum_bic
+from stdnum import exceptions as stdnum_exceptions
+from stdnum import iban as stdnum_iban
 
 from billing import gateway as gw
 from billing import ledger, pricing
 from billing.gateway import GatewayError, get_gateway
-from billing.models import Account, GatewayEvent, Payment, Payout, Transfer
+from billing.models import Account, GatewayEvent, Payment, Payout, PayoutDestination, Transfer
 
 
 class BillingError(Exception):
@@ -226,7 +231,48 @@ def time_charge(*, payer_id: int, provider_id: int, amount_micros: int, idempote
 
 # --- payouts ---
 
+class InvalidDestination(BillingError):
+    def __init__(self, message: str, field: str | None):
+        super().__init__(message)
+        self.field = field  # the form field it is about, or None
+
+
+def payout_destination_set(*, provider, method: str, holder_name: str, iban: str = "",
+                           bic: str = "", paypal_email: str = "",
+                           now: datetime | None = None) -> PayoutDestination:
+    """Set where the provider's payouts go, checked: an IBAN and a BIC by their check digits
+    and format, a PayPal address as an address. Payouts already requested keep theirs."""
+    holder_name = holder_name.strip()
+    if not holder_name:
+        raise InvalidDestination("Say whose account it is.", "holder_name")
+    fields = {"method": method, "holder_name": holder_name, "iban": "", "bic": "",
+              "paypal_email": "", "updated_at": now or timezone.now()}
+    if method == PayoutDestination.Method.BANK:
+        try:
+            fields["iban"] = stdnum_iban.validate(iban)
+            fields["bic"] = stdnum_bic.validate(bic) if bic.strip() else ""
+        except stdnum_exceptions.ValidationError as exc:
+            field = "bic" if fields["iban"] else "iban"
+            raise InvalidDestination(f"This {field.upper()} is not valid: {exc.message}.",
+                                     field) from None
+    elif method == PayoutDestination.Method.PAYPAL:
+        try:
+            validate_email(paypal_email.strip())
+        except ValidationError:
+            raise InvalidDestination("This PayPal address is not an email address.",
+                                     "paypal_email") from None
+        fields["paypal_email"] = paypal_email.strip()
+    else:
+        raise InvalidDestination("Choose a bank transfer or PayPal.", "method")
+    destination, _ = PayoutDestination.objects.update_or_create(provider=provider,
+                                                                defaults=fields)
+    return destination
+
+
 def payout_request(*, provider, amount_micros: int) -> Payout:
+    destination = PayoutDestination.objects.filter(provider=provider).first()
+    if destination is None:
+        raise BillingError("Set where to pay you first.")
     if amount_micros < settings.RIGSHARE_MIN_PAYOUT_MICROS:
         raise BillingError(f"The minimum payout is "
                            f"{pricing.format_usd(settings.RIGSHARE_MIN_PAYOUT_MICROS)}.")
@@ -238,7 +284,8 @@ def payout_request(*, provider, amount_micros: int) -> Payout:
                       .values_list("amount_micros", flat=True))
         if amount_micros + pending > ledger.balance(Account.Kind.EARNINGS, provider.pk):
             raise BillingError("You cannot request more than your unpaid earnings.")
-        return Payout.objects.create(provider=provider, amount_micros=amount_micros)
+        return Payout.objects.create(provider=provider, amount_micros=amount_micros,
+                                     destination=destination.full())
 
 
 def payout_decide(*, payout_id: int, operator, approve: bool,

@@ -15,5 +15,6 @@ urlpatterns = [
     path("keys/<int:key_id>/revoke/", views.api_key_revoke, name="api_key_revoke"),
     path("usage/", views.usage, name="usage"),
     path("payouts/", views.payouts, name="payouts"),
+    path("payouts/destination/", views.payout_destination, name="payout_destination"),
     path("statement.csv", views.statement_csv, name="statement_csv"),
 ]

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, time
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -16,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from billing import charts, keys, metering, selectors, services
-from billing.forms import ApiKeyForm, PayoutRequestForm, TopUpForm
+from billing.forms import ApiKeyForm, PayoutDestinationForm, PayoutRequestForm, TopUpForm
 from billing.gateway import (
     DECLINES,
     REQUIRES_CONFIRMATION,
@@ -25,8 +24,9 @@ from billing.gateway import (
     TestCardGateway,
     get_gateway,
 )
-from billing.models import Account, ApiKey, Payment
-from billing.pricing import format_usd, micros_to_usd
+from billing.models import Account, ApiKey, Payment, PayoutDestination
+from billing.pricing import format_usd, format_usd_exact, micros_to_usd
+from config.spreadsheet import text_cell
 
 TRANSACTIONS_PAGE_SIZE = 50
 RECENT_TRANSACTIONS = 10
@@ -79,7 +79,7 @@ def overview(request):
         payment.finish_url = _finish_url(payment)
     return render(request, "billing/overview.html", {
         "form": form, "balances": selectors.user_balances(request.user.pk),
-        "entries": selectors.user_entries(request.user.pk)[:RECENT_TRANSACTIONS],
+        "lines": selectors.user_statement(request.user.pk, limit=RECENT_TRANSACTIONS),
         "payments": payments,
         "test_cards": [(SUCCEEDS, "succeeds"), (DECLINES, "is declined"),
                        (REQUIRES_CONFIRMATION, "asks you to confirm the payment first")]
@@ -146,9 +146,14 @@ def receipt(request, payment_id: int):
 
 @login_required
 def transactions(request):
-    page = Paginator(selectors.user_entries(request.user.pk), TRANSACTIONS_PAGE_SIZE).get_page(
-        request.GET.get("page"))
-    return render(request, "billing/transactions.html", {"page": page})
+    before = request.GET.get("before", "")
+    lines = selectors.user_statement(request.user.pk, limit=TRANSACTIONS_PAGE_SIZE + 1,
+                                     before=before)
+    more = len(lines) > TRANSACTIONS_PAGE_SIZE
+    lines = lines[:TRANSACTIONS_PAGE_SIZE]
+    return render(request, "billing/transactions.html", {
+        "lines": lines, "newest": not before,
+        "older": lines[-1].cursor if more else ""})
 
 
 def _csv_response(filename: str, header: list[str], rows) -> HttpResponse:
@@ -160,15 +165,10 @@ def _csv_response(filename: str, header: list[str], rows) -> HttpResponse:
     return response
 
 
-def _text_cell(value: str) -> str:
-    # A spreadsheet runs a cell that starts like a formula; an operator's memo must not.
-    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
-
-
 def _entry_rows(entries):
     for e in entries.iterator(chunk_size=2000):
         yield [e.transfer.created_at.isoformat(), e.account.kind, e.transfer.kind,
-               _text_cell(e.transfer.reference), _text_cell(e.transfer.memo),
+               text_cell(e.transfer.reference), text_cell(e.transfer.memo),
                micros_to_usd(e.amount_micros), micros_to_usd(e.balance_after_micros)]
 
 
@@ -254,7 +254,7 @@ def usage(request):
     return render(request, "billing/usage.html", {
         "rows": rows, "totals": totals, "key": key, "days": days, "day_choices": sorted(USAGE_DAYS),
         "keys": selectors.api_keys_of(request.user.pk),
-        "chart": charts.cost_per_day_chart(span, cost_by_day, fmt=format_usd),
+        "chart": charts.cost_per_day_chart(span, cost_by_day, fmt=format_usd_exact),
     })
 
 
@@ -276,11 +276,34 @@ def payouts(request):
     earnings = selectors.user_balances(request.user.pk)[Account.Kind.EARNINGS]
     pending = selectors.pending_payouts_micros(request.user.pk)
     return render(request, "billing/payouts.html", {
+        "destination": PayoutDestination.objects.filter(provider=request.user).first(),
         "form": form, "earnings_micros": earnings, "pending_micros": pending,
         "available_micros": max(earnings - pending, 0),
         "min_payout_micros": settings.RIGSHARE_MIN_PAYOUT_MICROS,
         "payouts": selectors.payouts_of(request.user.pk)[:100],
     })
+
+
+@login_required
+def payout_destination(request):
+    current = PayoutDestination.objects.filter(provider=request.user).first()
+    initial = {} if current is None else {
+        "method": current.method, "holder_name": current.holder_name, "bic": current.bic,
+        "paypal_email": current.paypal_email}  # the full IBAN is not sent back
+    form = PayoutDestinationForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            destination = services.payout_destination_set(
+                provider=request.user, method=data["method"], holder_name=data["holder_name"],
+                iban=data["iban"], bic=data["bic"], paypal_email=data["paypal_email"])
+        except services.InvalidDestination as exc:
+            form.add_error(exc.field, str(exc))
+        else:
+            messages.success(request, f"Payouts will go by {destination.masked()}.")
+            return redirect("billing:payouts")
+    return render(request, "billing/payout_destination.html",
+                  {"form": form, "current": current})
 
 
 @login_required

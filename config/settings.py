@@ -158,9 +158,20 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "staticfiles"
-# Serve straight from the app and project folders too, so the demo needs no collectstatic.
-WHITENOISE_USE_FINDERS = True
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+# `collectstatic` names every file by its content's hash and writes gzip and brotli copies;
+# WhiteNoise serves a hashed name with a year's immutable max-age and the smallest encoding
+# the browser accepts. With DEBUG off, pages need that manifest: `make` runs collectstatic
+# (demo, test, bench), and the tests run it once per session (tests/conftest.py). With DEBUG
+# on, pages link the plain names and WhiteNoise serves them from the source folders.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+# Only the hashed names are served; source maps are for developer tools, not worth compressing.
+WHITENOISE_KEEP_ONLY_HASHED_FILES = True
+WHITENOISE_SKIP_COMPRESS_EXTENSIONS = ("png", "jpg", "jpeg", "gif", "webp", "woff", "woff2",
+                                       "gz", "br", "zip", "map")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REST_FRAMEWORK = {
@@ -185,8 +196,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # Swagger UI's files come from drf-spectacular-sidecar, not a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
-    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # /v1 is not DRF: its operations are written in by routing/openapi.py.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "routing.openapi.add_v1"],
 }
 
 # Node agents: how often they report, and how many missed reports make a node offline.
@@ -201,6 +214,15 @@ RIGSHARE_PUBLIC_URL = env_str("RIGSHARE_PUBLIC_URL", "")
 DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 # Bearer token Prometheus sends to /metrics; unset, only this machine may scrape.
 RIGSHARE_METRICS_TOKEN = env_str("RIGSHARE_METRICS_TOKEN", "")
+
+# Email (provider alerts): printed to the console unless an SMTP server is configured.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Rigshare <noreply@rigshare.test>")
 
 # Billing. The platform's share of every rental and metered request, in basis points.
 RIGSHARE_PLATFORM_FEE_BPS = env_int("RIGSHARE_PLATFORM_FEE_BPS", 1500, minimum=0)

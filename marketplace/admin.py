@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from billing.admin import ReadOnlyAdmin
 from marketplace import services
 from marketplace.models import (
     Card,
@@ -8,6 +9,7 @@ from marketplace.models import (
     Node,
     NodeStatusChange,
     NodeUptimeHour,
+    ProviderAlert,
     Rental,
     UuidConflict,
 )
@@ -23,12 +25,18 @@ class CardInline(admin.TabularInline):
     extra = 0
     can_delete = False
     fields = ("index",) + _CARD_FACTS[:4] + ("verification_status",)
-    readonly_fields = ("index",) + _CARD_FACTS[:4]
+    readonly_fields = fields
     show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
+    """Nodes come from enrolment and heartbeats: staff may hold one for review, rename it or
+    delete it, never add one."""
+
     list_display = ("name", "owner", "status", "last_heartbeat_at", "reliability_pct", "region",
                     "needs_review", "uuid_conflict", "simulated")
     list_filter = ("status", "needs_review", "uuid_conflict", "simulated", "region")
@@ -40,6 +48,9 @@ class NodeAdmin(admin.ModelAdmin):
                        "engine_error", "hardware_changed_at", "status", "status_changed_at",
                        "last_heartbeat_at", "reliability_pct", "created_at", "uuid_conflict")
     inlines = [CardInline]
+
+    def has_add_permission(self, request):
+        return False
 
     # A hold put or lifted, or a node deleted, changes what its agent's next heartbeat is told.
     def save_model(self, request, obj, form, change):
@@ -75,7 +86,10 @@ class UuidConflictAdmin(admin.ModelAdmin):
 
 
 @admin.register(Card)
-class CardAdmin(admin.ModelAdmin):
+class CardAdmin(ReadOnlyAdmin):
+    """Cards come from heartbeats and their verdicts from runs: staff read them here. A card
+    to be kept out is held through its node (Needs review)."""
+
     list_display = ("__str__", "uuid", "memory_total_mib", "present", "verification_status")
     list_filter = ("name", "present", "verification_status")
     search_fields = ("uuid", "name", "node__name")
@@ -111,13 +125,23 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):
 
 
 @admin.register(NodeStatusChange)
-class NodeStatusChangeAdmin(admin.ModelAdmin):
+class NodeStatusChangeAdmin(ReadOnlyAdmin):
     list_display = ("node", "status", "at")
     list_filter = ("status",)
     list_select_related = ("node",)
 
 
 @admin.register(NodeUptimeHour)
-class NodeUptimeHourAdmin(admin.ModelAdmin):
+class NodeUptimeHourAdmin(ReadOnlyAdmin):
     list_display = ("node", "hour", "heartbeats")
     list_select_related = ("node",)
+
+
+@admin.register(ProviderAlert)
+class ProviderAlertAdmin(ReadOnlyAdmin):
+    """Raised by the offline sweep, heartbeats and verdicts (marketplace/alerts.py)."""
+
+    list_display = ("created_at", "owner", "kind", "node", "card", "read_at", "emailed_at")
+    list_filter = ("kind",)
+    search_fields = ("owner__email", "node__name")
+    list_select_related = ("owner", "node", "card")

@@ -37,6 +37,7 @@ class RentForm(forms.Form):
                                       (FOR_HOURS, "For a number of hours")],
                              widget=forms.RadioSelect, initial=UNTIL_STOPPED)
     hours = forms.IntegerField(required=False, min_value=1, max_value=24 * 90)
+    accept_flagged = forms.BooleanField(required=False)
 
     def clean(self):
         cleaned = super().clean()

@@ -9,8 +9,25 @@ import hmac
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Cast, Coalesce, Concat, Upper
 from django.utils import timezone
+
+
+# How the ledger names what earned: a rental's transfers name its card, a served request's
+# charge names the machine whose engine answered it (an engine may span several cards).
+def card_ref(card_id: int) -> str:
+    return f"card:{card_id}"
+
+
+def node_ref(node_id: int) -> str:
+    return f"node:{node_id}"
+
+
+def ref_id(reference: str, kind: str) -> int | None:
+    """The id in a `kind:N` reference, or None when it names something else."""
+    prefix, _, value = reference.partition(":")
+    return int(value) if prefix == kind and value.isdigit() else None
 
 
 class EnrolmentToken(models.Model):
@@ -81,7 +98,20 @@ class Node(models.Model):
     # "quantization"}] as the heartbeat serializer validated it (docs/agent-protocol.md).
     engine_served = models.JSONField(default=list, blank=True)
     engine_error = models.CharField(max_length=256, blank=True)
+    # What the catalog's search reads, kept by the database itself: the name and the served
+    # models in capitals (migrations/0008 indexes its trigrams).
+    search_text = models.GeneratedField(
+        expression=Upper(Concat("name", Value(" "), Cast("engine_models", models.TextField()),
+                                output_field=models.TextField())),
+        output_field=models.TextField(), db_persist=True)
     hardware_changed_at = models.DateTimeField(null=True, blank=True)
+    # The machine around the GPUs, from the heartbeat's `host` (agent/host.py): empty or null
+    # where the agent could not read a fact, or is older than these facts.
+    cpu_model = models.CharField(max_length=256, blank=True)
+    cpu_cores = models.PositiveIntegerField(null=True, blank=True)  # logical, as the OS counts
+    ram_mib = models.PositiveIntegerField(null=True, blank=True)
+    disk_free_gb = models.PositiveIntegerField(null=True, blank=True)  # 10^9 bytes, of "/"
+    net_link_mbps = models.PositiveIntegerField(null=True, blank=True)  # fastest physical link
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE,
                               db_index=True)
@@ -100,6 +130,16 @@ class Node(models.Model):
 
     class Meta:
         ordering = ["name", "id"]
+        indexes = [
+            # The catalog's reliability sort (marketplace.filters.SORTS): nodes a catalog may
+            # show, in order, their cards found through (node, index).
+            models.Index(fields=["reliability_pct", "id"], name="node_catalog_reliability",
+                         condition=Q(status="online", credential_revoked_at__isnull=True,
+                                     needs_review=False, uuid_conflict=False)),
+            # The catalog's region filter (any case): the index, and the statistics PostgreSQL
+            # keeps on its expression, without which it guesses one node in 200 matches.
+            models.Index(Upper("region"), name="node_region_upper"),
+        ]
 
     def __str__(self):
         return f"{self.name} (#{self.pk})"
@@ -205,13 +245,38 @@ class Card(models.Model):
     # engine), and the reference spec it was judged against ("" = none in the table).
     verified_tokens_per_s = models.FloatField(null=True, blank=True, db_index=True)
     reference_spec = models.CharField(max_length=100, blank=True)
+    # Written by verification: how many of the latest run's findings on this card are
+    # mismatches or warnings (the provider's dashboard counts them).
+    verification_problems = models.PositiveSmallIntegerField(default=0)
+    # What that figure means: the model the engine served during the load test and the number
+    # of concurrent requests it was measured at ("" and null until a load test succeeds).
+    verified_model = models.CharField(max_length=200, blank=True)
+    verified_concurrency = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Memory bandwidth the probes measured (best STREAM triad), and the reference spec's figure
+    # it is judged against (null: not measured, or no spec).
+    bandwidth_gbs = models.FloatField(null=True, blank=True)
+    spec_bandwidth_gbs = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["node_id", "index"]
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="card_node_index")]
+        indexes = [
+            # The catalog's VRAM and capacity sorts, as marketplace.filters.SORTS orders them.
+            models.Index(Coalesce(F("memory_total_mib"), Value(0)), F("id"),
+                         name="card_catalog_vram", condition=Q(present=True)),
+            models.Index(Coalesce(F("verified_tokens_per_s"), Value(0.0)), F("id"),
+                         name="card_catalog_capacity", condition=Q(present=True)),
+            # The GPU filter (any case), as for Node's region.
+            models.Index(Upper("name"), name="card_name_upper"),
+        ]
 
     def __str__(self):
-        return f"{self.name} #{self.index} on {self.node}"
+        return f"{self.name} #{self.number} on {self.node}"
+
+    @property
+    def number(self) -> int:
+        """The card's place in its machine as people count it: #1 is NVML's index 0."""
+        return self.index + 1
 
     @property
     def public_id(self) -> str:
@@ -248,7 +313,12 @@ class Listing(models.Model):
             models.CheckConstraint(condition=Q(is_listed=False) | Q(price_per_hour_micros__gt=0),
                                    name="listing_listed_has_price"),
         ]
-        indexes = [models.Index(fields=["is_listed", "price_per_hour_micros"])]
+        indexes = [
+            models.Index(fields=["is_listed", "price_per_hour_micros"]),
+            # The catalog's price sort: listed cards by price, then card.
+            models.Index(fields=["price_per_hour_micros", "card"], name="listing_catalog_price",
+                         condition=Q(is_listed=True)),
+        ]
 
     def __str__(self):
         return f"Listing of {self.card}"
@@ -296,3 +366,32 @@ class Rental(models.Model):
     def elapsed_seconds(self, now=None) -> int:
         end = self.stopped_at or now or timezone.now()
         return max(0, int((end - self.started_at).total_seconds()))
+
+
+class ProviderAlert(models.Model):
+    """Something a provider must know about their machines: shown on their dashboard and
+    sent by email (marketplace/alerts.py)."""
+
+    class Kind(models.TextChoices):
+        NODE_OFFLINE = "node_offline", "machine offline"
+        NODE_BACK = "node_back", "machine back online"
+        CARD_FLAGGED = "card_flagged", "card flagged by verification"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                              related_name="provider_alerts")
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="alerts")
+    card = models.ForeignKey(Card, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="alerts")
+    message = models.CharField(max_length=300)
+    created_at = models.DateTimeField(default=timezone.now)
+    read_at = models.DateTimeField(null=True, blank=True)
+    emailed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["owner", "read_at"], name="alert_owner_unread")]
+
+    def __str__(self):
+        return f"{self.get_kind_display()}: {self.message}"

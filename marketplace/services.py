@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -15,7 +16,7 @@ from billing import pricing
 from billing import services as billing
 from billing.selectors import wallet_balance
 from config.redis import REDIS_ERRORS
-from marketplace import engine_address, heartbeat_fast, uptime
+from marketplace import alerts, engine_address, heartbeat_fast, uptime
 from marketplace.models import (
     Card,
     EnrolmentToken,
@@ -25,6 +26,7 @@ from marketplace.models import (
     NodeUptimeHour,
     Rental,
     UuidConflict,
+    card_ref,
 )
 
 log = logging.getLogger(__name__)
@@ -141,6 +143,7 @@ def node_revoke(*, owner: User, node_id: int) -> bool:
                  status_changed_at=timezone.now())
         if revoked:
             Listing.objects.filter(card__node_id=node_id).update(is_listed=False)
+            catalog_choices_forget()
             NodeStatusChange.objects.create(node_id=node_id, status=Node.Status.OFFLINE)
             # Its agent is refused from its next heartbeat on, and the nodes it held a GPU UUID
             # against are judged again at theirs.
@@ -150,9 +153,26 @@ def node_revoke(*, owner: User, node_id: int) -> bool:
 
 def node_update(*, owner: User, node_id: int, name: str, region: str) -> Node:
     node = Node.objects.get(pk=node_id, owner=owner)
+    if node.region != region:
+        catalog_choices_forget()
     node.name, node.region = name, region
     node.save(update_fields=["name", "region"])
     return node
+
+
+# The catalog's GPU and region choices, as selectors.catalog_choices caches them.
+CATALOG_CHOICES_KEY = "catalog:choices"
+
+
+def catalog_choices_forget() -> None:
+    """What the catalog offers may have changed (a card listed or unlisted, a GPU gone or
+    renamed, a region changed): its choices are read again once this transaction commits."""
+    def forget():
+        try:
+            cache.delete(CATALOG_CHOICES_KEY)
+        except REDIS_ERRORS:
+            log.warning("catalog choices not forgotten: Redis is away; they expire in a minute")
+    transaction.on_commit(forget)
 
 
 # --- heartbeats ---
@@ -239,6 +259,10 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
     node.cuda_version = report.get("cuda_version") or ""
     node.has_nvidia = bool(report.get("nvidia"))
     node.simulated = bool(report.get("simulated"))
+    host = report.get("host") or {}
+    node.cpu_model = host.get("cpu_model") or ""
+    for name in ("cpu_cores", "ram_mib", "disk_free_gb", "net_link_mbps"):
+        setattr(node, name, host.get(name))
     node.engine_url = engine.get("url") or ""
     refusal = ""
     if connect is not None:
@@ -255,7 +279,10 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
     node.last_heartbeat_at = now
     if changed:
         node.hardware_changed_at = now
+        catalog_choices_forget()  # a GPU renamed, gone or back
     if not was_online:
+        if NodeStatusChange.objects.filter(node=node, status=Node.Status.OFFLINE).exists():
+            alerts.node_back(node=node, now=now)  # back, not a machine's first report
         node.status, node.status_changed_at = Node.Status.ONLINE, now
         NodeStatusChange.objects.create(node=node, status=Node.Status.ONLINE, at=now)
     node.save()
@@ -465,6 +492,7 @@ def nodes_mark_offline(*, now: datetime | None = None) -> list[int]:
                                                 at=now)
                 marked.append(node_id)
     node_heartbeat_forget(node_ids=marked)  # back online only through a full heartbeat
+    alerts.nodes_offline(node_ids=marked, now=now)
     return marked
 
 
@@ -504,6 +532,8 @@ def listing_update(*, owner: User, card_id: int, is_listed: bool, price_per_hour
         if is_listed and (not card.present or card.node.credential_revoked_at):
             raise MarketplaceError("This card is no longer reported by its machine.")
         listing = card.listing
+        if listing.is_listed != is_listed:
+            catalog_choices_forget()
         listing.is_listed = is_listed
         listing.price_per_hour_micros = price_per_hour_micros
         listing.claimed_gpu_model = claimed_gpu_model
@@ -515,10 +545,16 @@ def listing_update(*, owner: User, card_id: int, is_listed: bool, price_per_hour
 
 # --- rentals ---
 
+class FlaggedCardNotAccepted(RentalRefused):
+    """Verification flagged the card: the renter must say they read its findings."""
+
+
 @transaction.atomic
 def rental_start(*, renter: User, card_id: int, hours: int | None = None,
-                 now: datetime | None = None) -> Rental:
-    """Rent a card until stopped or for `hours`. Of two renters at once exactly one wins."""
+                 accept_flagged: bool = False, now: datetime | None = None) -> Rental:
+    """Rent a card until stopped or for `hours`. Of two renters at once exactly one wins. A
+    card that verification flagged is rented only with `accept_flagged`: its findings say it
+    is not what it claims, and the renter must have been told."""
     now = now or timezone.now()
     try:
         card = _lock_card(card_id)
@@ -533,6 +569,10 @@ def rental_start(*, renter: User, card_id: int, hours: int | None = None,
         raise RentalRefused("This card's machine is offline right now.")
     if card.node.held_out:
         raise RentalRefused("This card's machine is under review.")
+    if card.verification_status == Card.Verification.FLAGGED and not accept_flagged:
+        raise FlaggedCardNotAccepted(
+            "Verification flagged this card: it measured below what it claims. Read the "
+            "findings, then confirm that you rent it anyway.")
     if Rental.objects.filter(card=card, stopped_at__isnull=True).exists():
         raise RentalRefused("Someone else has just rented this card.")
     if hours is not None and not 1 <= hours <= 24 * 90:
@@ -598,7 +638,7 @@ def rental_charge(*, rental_id: int, now: datetime | None = None) -> Rental:
         charge = billing.time_charge(
             payer_id=rental.renter_id, provider_id=node.owner_id, amount_micros=amount,
             idempotency_key=f"rental:{rental.pk}:{end.isoformat()}",
-            reference=f"card:{rental.card_id}", now=now)
+            reference=card_ref(rental.card_id), now=now)
         rental.charged_micros += charge.charged_micros
         rental.offline_seconds += min(offline, elapsed)
         rental.billed_seconds, rental.charged_until = billed, end
@@ -638,8 +678,20 @@ def rentals_end_due(*, now: datetime | None = None) -> int:
 
 
 def card_verification_publish(*, card_id: int, status: str, tokens_per_s: float | None,
-                              reference_spec: str) -> None:
-    """Verification's verdict on a card, as the catalog and rent page show it."""
-    Card.objects.filter(pk=card_id).update(verification_status=status,
-                                           verified_tokens_per_s=tokens_per_s,
-                                           reference_spec=reference_spec)
+                              reference_spec: str, model: str = "",
+                              concurrency: int | None = None,
+                              bandwidth_gbs: float | None = None,
+                              spec_bandwidth_gbs: int | None = None,
+                              problems: int = 0) -> None:
+    """Verification's verdict on a card, as the catalog and rent page show it: `tokens_per_s`
+    is the card's share of its engine's output serving `model` at `concurrency` requests. A
+    card newly flagged raises an alert to its provider."""
+    newly_flagged = status == Card.Verification.FLAGGED and Card.objects.filter(
+        pk=card_id).exclude(verification_status=status).exists()
+    Card.objects.filter(pk=card_id).update(
+        verification_status=status, verified_tokens_per_s=tokens_per_s,
+        verified_model=model, verified_concurrency=concurrency, reference_spec=reference_spec,
+        bandwidth_gbs=bandwidth_gbs, spec_bandwidth_gbs=spec_bandwidth_gbs,
+        verification_problems=problems)
+    if newly_flagged:
+        alerts.card_flagged(card=Card.objects.select_related("node").get(pk=card_id))

@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from marketplace import services
+from marketplace import alerts, services
 
 
 @shared_task(acks_late=True)
@@ -28,3 +28,8 @@ def rentals_charge() -> int:
 @shared_task(acks_late=True)
 def heartbeats_flush() -> int:
     return services.heartbeats_flush()
+
+
+@shared_task(acks_late=True, autoretry_for=(OSError,), retry_backoff=True, max_retries=5)
+def alert_email(alert_id: int) -> bool:
+    return alerts.alert_email_send(alert_id)

@@ -1,20 +1,21 @@
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from billing import charts as billing_charts
+from billing import charts
 from billing.pricing import format_usd, micros_to_usd, usd_to_micros
 from billing.selectors import wallet_balance
-from marketplace import charts, earnings, selectors, services
+from marketplace import alerts, earnings, selectors, services
+from marketplace.agent_wheel import agent_wheel
 from marketplace.filters import CatalogFilterForm
 from marketplace.forms import ListingForm, NodeForm, RentForm
 from marketplace.models import Card, Node, Rental
-from marketplace.signals import card_page_panels
+from marketplace.signals import card_page_panels, rental_page_panels
 
 CATALOG_PAGE_SIZE = 25
 
@@ -23,10 +24,11 @@ def catalog(request):
     form = CatalogFilterForm(request.GET, strict=False)
     page = None
     if form.is_valid():
-        cards = selectors.cards_for_catalog(form.filters())
-        page = Paginator(cards, CATALOG_PAGE_SIZE).get_page(form.cleaned_data.get("page"))
+        page = selectors.catalog_page(form.filters(), sort=form.sort_name(),
+                                      cursor=form.page_cursor(),
+                                      size=CATALOG_PAGE_SIZE)
     query = request.GET.copy()
-    query.pop("page", None)
+    query.pop("cursor", None)
     return render(request, "marketplace/catalog.html", {
         "form": form, "page": page, "choices": selectors.catalog_choices(),
         "query": query.urlencode(),
@@ -67,7 +69,8 @@ def card_rent(request, card_id: int):
         return redirect("marketplace:card_detail", card_id=card_id)
     try:
         rental = services.rental_start(renter=request.user, card_id=card_id,
-                                       hours=form.hours_or_none())
+                                       hours=form.hours_or_none(),
+                                       accept_flagged=form.cleaned_data["accept_flagged"])
     except services.RentalRefused as exc:
         messages.error(request, str(exc))
         return redirect("marketplace:card_detail", card_id=card_id)
@@ -87,8 +90,27 @@ def rentals(request):
 
 
 @login_required
-@require_POST
+def rental_detail(request, rental_id: int):
+    """The renter's own rental: what it costs so far and, from the apps above, the card as
+    the renter's dedicated endpoint. Nobody else's rental is found."""
+    rental = get_object_or_404(selectors.rentals_of(request.user), pk=rental_id)
+    panels = [panel for _, panel in rental_page_panels.send(sender=Rental, rental=rental,
+                                                             request=request) if panel]
+    return render(request, "marketplace/rental_detail.html", {
+        "rental": rental, "card": rental.card, "node": rental.card.node, "panels": panels,
+        "low_balance": rental.is_active and selectors.balance_is_low(request.user, [rental]),
+    })
+
+
+@login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def rental_stop(request, rental_id: int):
+    """GET asks to confirm (with what the rental has cost so far); POST stops it."""
+    if request.method != "POST":
+        rental = get_object_or_404(selectors.rentals_of(request.user), pk=rental_id)
+        if not rental.is_active:
+            return redirect("marketplace:rental_detail", rental_id=rental.pk)
+        return render(request, "marketplace/rental_stop.html", {"rental": rental})
     try:
         rental = services.rental_stop(rental_id=rental_id, renter=request.user)
     except Rental.DoesNotExist:
@@ -103,10 +125,17 @@ def rental_stop(request, rental_id: int):
 def provider_dashboard(request):
     nodes = list(selectors.provider_nodes(request.user))
     conflicts = selectors.open_uuid_conflicts([node.pk for node in nodes])
+    cards = [card for node in nodes for card in node.cards.all()]
+    usage = selectors.card_utilization(cards)
+    hints = selectors.price_hints([card.name for card in cards], provider=request.user)
+    earned = {row["node"].pk: row for row in earnings.provider_earnings(request.user)["by_machine"]
+              if row["node"] is not None}
     for node in nodes:
         node.conflicts_held_elsewhere = [c for c in conflicts if c.node_id == node.pk]
         node.conflicts_held_here = [c for c in conflicts if c.incumbent_id == node.pk]
+        node.earned = earned.get(node.pk)
         for card in node.cards.all():
+            card.usage, card.price_hint = usage[card.pk], hints.get(card.name)
             listing = card.listing
             card.listing_form = ListingForm(prefix=f"card{card.pk}", initial={
                 "is_listed": listing.is_listed,
@@ -118,6 +147,8 @@ def provider_dashboard(request):
             })
     return render(request, "marketplace/provider_dashboard.html", {
         "nodes": nodes, "tokens": selectors.provider_enrolment_tokens(request.user)[:20],
+        "alerts": list(request.user.provider_alerts.filter(read_at__isnull=True)
+                       .select_related("node")[:5]),
         "offline_after_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S
         * settings.RIGSHARE_OFFLINE_AFTER_MISSED,
     })
@@ -128,10 +159,29 @@ def provider_dashboard(request):
 def machine_add(request):
     row, token = services.enrolment_token_create(owner=request.user)
     platform = settings.RIGSHARE_PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
+    wheel = agent_wheel()
+    url = platform + reverse("marketplace:agent_download", args=[wheel.filename])
     # Rendered in the POST's own response, never stored: reloading cannot show it again.
     return render(request, "marketplace/machine_add.html", {
-        "token_row": row, "token": token, "platform": platform,
+        "token_row": row, "token": token, "platform": platform, "agent": wheel,
+        # pip checks the download against the URL's #sha256= before installing anything.
+        "install_command": f'pip install "{url}#sha256={wheel.sha256}"',
     })
+
+
+@require_safe
+def agent_download(request, filename: str):
+    """The node agent's wheel, for anyone: it holds no secret, and the provider's machine that
+    fetches it with pip has no session. Only the current version is served."""
+    wheel = agent_wheel()
+    if filename != wheel.filename:
+        raise Http404("No such agent version.")
+    response = HttpResponse(wheel.data, content_type="application/octet-stream")
+    response["Content-Disposition"] = f'attachment; filename="{wheel.filename}"'
+    response["ETag"] = f'"{wheel.sha256}"'
+    # The same name may carry new bytes after an upgrade of the platform: always revalidate.
+    response["Cache-Control"] = "no-cache"
+    return response
 
 
 @login_required
@@ -180,21 +230,34 @@ def listing_update(request, card_id: int):
                 claimed_gpu_model=data["claimed_gpu_model"],
                 claimed_vram_gb=data["claimed_vram_gb"], description=data["description"])
         except services.MarketplaceError as exc:
-            messages.error(request, f"{card.name} #{card.index}: {exc}")
+            messages.error(request, f"{card.name} #{card.number}: {exc}")
         else:
-            messages.success(request, f"{card.name} #{card.index}: listing saved.")
+            messages.success(request, f"{card.name} #{card.number}: listing saved.")
     else:
         for field, errors in form.errors.items():
             label = form.fields[field].label if field in form.fields else ""
             for error in errors:
-                messages.error(request, f"{card.name} #{card.index}: {label} {error}".strip())
+                messages.error(request, f"{card.name} #{card.number}: {label} {error}".strip())
     return redirect("marketplace:provider")
+
+
+@login_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def provider_alerts(request):
+    """The provider's alerts, newest first; POST marks them all read."""
+    if request.method == "POST":
+        alerts.alerts_mark_read(owner=request.user)
+        back = "dashboard" if request.POST.get("back") == "dashboard" else "alerts"
+        return redirect("marketplace:provider" if back == "dashboard"
+                        else "marketplace:provider_alerts")
+    return render(request, "marketplace/provider_alerts.html", {
+        "alerts": request.user.provider_alerts.select_related("node", "card")[:200]})
 
 
 @login_required
 def provider_earnings(request):
     data = earnings.provider_earnings(request.user)
-    days = billing_charts.days_ending(timezone.now().date(), 30)
-    chart = billing_charts.cost_per_day_chart(
+    days = charts.days_ending(timezone.now().date(), 30)
+    chart = charts.cost_per_day_chart(
         days, {r["day"]: r["total_micros"] for r in data["by_day"]}, fmt=format_usd)
     return render(request, "marketplace/provider_earnings.html", dict(data, chart=chart))

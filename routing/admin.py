@@ -4,7 +4,7 @@ from django.utils.html import format_html
 
 from billing.admin import ReadOnlyAdmin
 from billing.models import ModelPrice
-from billing.pricing import format_usd
+from billing.pricing import format_usd_exact
 from routing.models import Deployment, EngineModel, Model, RequestLog
 
 
@@ -30,7 +30,7 @@ class ModelAdmin(admin.ModelAdmin):
         if row is None:
             return format_html('<a href="{}?model={}">none: add one</a>',
                                "/admin/billing/modelprice/add/", obj.name)
-        return f"{format_usd(row.input_micros_per_mtok)} / {format_usd(row.output_micros_per_mtok)}"
+        return f"{format_usd_exact(row.input_micros_per_mtok)} / {format_usd_exact(row.output_micros_per_mtok)}"
 
     @admin.display(description="deployments reporting it")
     def deployments(self, obj):

@@ -20,7 +20,9 @@ from django.utils import timezone
 from billing import metering
 from billing import usage as usage_journal
 from billing.keys import api_key_authenticate, api_key_cached
+from marketplace.models import node_ref
 from routing import (
+    answers,
     balancer,
     calls,
     errors,
@@ -399,6 +401,7 @@ async def _answer(resp, worker, public_model, hold, request, outcome) -> HttpRes
         await _settle(hold, metering.Usage(request.prompt_tokens, 0, estimated=True), worker,
                       outcome)
         raise errors.UpstreamError("The worker answered with a body that is not JSON.")
+    data = answers.normalize(data)
     data["model"] = public_model
     usage = data.get("usage")
     try:
@@ -576,7 +579,8 @@ async def _finish_stream(relay: _Relay) -> None:
 
 
 def _metered(worker: placement.Worker) -> metering.Worker:
-    return metering.Worker(worker.provider_id, worker.ref)
+    # The charge names the machine that earned it; the deployment stays in the request log.
+    return metering.Worker(worker.provider_id, node_ref(worker.node_id))
 
 
 async def _settle(hold, usage: metering.Usage, worker: placement.Worker, outcome: Outcome,

@@ -10,6 +10,8 @@ from django.utils import timezone
 
 from accounts.models import User
 from accounts.secrets import secret_issue
+from billing.metering import Price
+from billing.models import ModelPrice
 from marketplace.models import Card, Listing, Node, Rental
 
 _seq = itertools.count(1)
@@ -91,3 +93,13 @@ class RentalFactory(factory.django.DjangoModelFactory):
     renter = factory.SubFactory(UserFactory)
     price_per_hour_micros = 450_000
     started_at = factory.LazyFunction(timezone.now)
+
+
+def price_at(model: str, at=None) -> Price:
+    """The model's price in force at `at` (now), as the proxy's pool snapshot hands it to
+    metering."""
+    row = (ModelPrice.objects.filter(model=model, effective_at__lte=at or timezone.now())
+           .order_by("-effective_at").first())
+    if row is None:
+        raise ModelPrice.DoesNotExist(f"The model '{model}' has no price.")
+    return Price(row.pk, row.input_micros_per_mtok, row.output_micros_per_mtok)

@@ -1,5 +1,6 @@
 from django.contrib import admin, messages
 
+from billing.admin import ReadOnlyAdmin
 from verification import services
 from verification.models import (
     Finding,
@@ -53,20 +54,20 @@ class ProbeJobAdmin(admin.ModelAdmin):
 
 
 @admin.register(Measurement)
-class MeasurementAdmin(admin.ModelAdmin):
+class MeasurementAdmin(ReadOnlyAdmin):
     list_display = ("run", "card", "metric", "value", "unit")
     list_filter = ("metric",)
     list_select_related = ("run", "card")
 
 
 @admin.register(Finding)
-class FindingAdmin(admin.ModelAdmin):
+class FindingAdmin(ReadOnlyAdmin):
     list_display = ("run", "card", "severity", "metric", "message")
     list_filter = ("severity", "metric")
     list_select_related = ("run", "card")
 
 
 @admin.register(VerifiedCapacity)
-class VerifiedCapacityAdmin(admin.ModelAdmin):
+class VerifiedCapacityAdmin(ReadOnlyAdmin):
     list_display = ("card", "model", "tokens_per_s", "concurrency", "measured_at")
     list_select_related = ("card",)

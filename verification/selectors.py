@@ -43,6 +43,10 @@ def card_panel(card, user) -> dict:
     levels = (serving.details or {}).get("levels", {}) if serving else {}
     expected = {int(level): row[key] for level, row in levels.items() if key and key in row}
     panel["serving_chart"] = charts.tokens_vs_concurrency(served, expected, label)
+    # Serving is measured on the machine's engine, which may span all its cards; a card's
+    # verified capacity is its share of that.
+    panel["machine_cards"] = getattr(card, "cards_per_node", None) or 1
+    panel["machine_tps_at_32"] = served.get(32)
     panel["ttft"] = sorted((int(k.split("@")[1]), m.value) for k, m in engine.items()
                            if k.startswith("ttft_p50@"))
     panel["verdict"] = ev.verdict(findings)

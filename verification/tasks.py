@@ -22,11 +22,6 @@ def _step(task, service, run_id: int, step: str) -> bool:
     raise Ignore()
 
 
-@shared_task(acks_late=True)
-def verification_start(node_id: int, trigger: str) -> int:
-    return services.run_start(node_id=node_id, trigger=trigger).pk
-
-
 @shared_task(bind=True, acks_late=True, max_retries=3)
 def verification_load_test(self, run_id: int) -> bool:
     return _step(self, services.run_load_test, run_id, Status.LOAD_TESTING)

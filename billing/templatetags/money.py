@@ -1,8 +1,9 @@
-"""Template filters for money: micro-dollars shown as dollars (billing.pricing converts)."""
+"""Template filters for money: micro-dollars shown as dollars (billing.pricing converts and
+says the display rule: `usd` in cents, `usd_exact` to the micro-dollar where labelled)."""
 
 from django import template
 
-from billing.pricing import format_usd
+from billing.pricing import format_usd, format_usd_exact
 
 register = template.Library()
 
@@ -13,8 +14,8 @@ def usd(micros):
 
 
 @register.filter
-def usd_per_mtok(micros_per_mtok):
-    return "" if micros_per_mtok is None else f"{format_usd(int(micros_per_mtok))} / 1M tokens"
+def usd_exact(micros):
+    return "" if micros is None or micros == "" else format_usd_exact(int(micros))
 
 
 @register.filter

@@ -30,7 +30,9 @@ def earning_bob(bob, carol):
     grant(carol, 1000 * USD)
     key, _ = keys.api_key_create(user=carol, name="k")
     spend(key, prompt=1_000_000, completion=0, worker=Worker(provider_id=bob.pk,
-                                                             reference="card:1"))
+                                                             reference="node:1"))
+    services.payout_destination_set(provider=bob, method="bank", holder_name="Bob",
+                                     iban="DE89 3704 0044 0532 0130 00")
     return bob
 
 

@@ -25,6 +25,7 @@ from billing.models import Account, Charge, Hold, KeySpend, ModelPrice, Transfer
 from billing.selectors import ledger_problems
 from billing.services import credits_grant
 from tests.billing.test_metering import billing_path, with_redis_undisturbed  # noqa: F401
+from tests.factories import price_at
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 MODEL = "unit-model"  # one micro-dollar a token, in and out: costs are token counts
@@ -36,7 +37,7 @@ def price():
     ModelPrice.objects.create(model=MODEL, input_micros_per_mtok=1_000_000,
                               output_micros_per_mtok=1_000_000,
                               effective_at=timezone.now() - timedelta(days=1))
-    return metering.price_at(MODEL)
+    return price_at(MODEL)
 
 
 def grant(user, micros: int) -> None:

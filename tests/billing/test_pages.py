@@ -9,14 +9,25 @@ from datetime import date, timedelta
 from decimal import Decimal
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
 from billing import charts, keys, metering, selectors, services
 from billing.gateway import DECLINES, REQUIRES_CONFIRMATION, SUCCEEDS, get_gateway
 from billing.keys import KeyInfo
 from billing.metering import Usage, Worker
-from billing.models import Account, ApiKey, Charge, ModelPrice, Payment, Payout, Transfer
-from billing.pricing import format_usd, micros_to_usd, usd_to_micros
+from billing.models import (
+    Account,
+    ApiKey,
+    Charge,
+    ModelPrice,
+    Payment,
+    Payout,
+    PayoutDestination,
+    Transfer,
+)
+from billing.pricing import format_usd, format_usd_exact, micros_to_usd, usd_to_micros
+from tests.factories import price_at
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +53,7 @@ def spend(key_row: ApiKey, *, model: str = MODEL, prompt: int = 1000, completion
           when=None, worker: Worker | None = None):
     """One metered request through the real services: reserve the worst case (twice the
     tokens it will use), then settle what it used."""
-    price_now = metering.price_at(model, when)
+    price_now = price_at(model, when)
     request_id = uuid.uuid4().hex
     held = metering.reserve(key=KeyInfo.of(key_row), model=model, price=price_now,
                             max_cost=metering.max_cost_micros(price_now, prompt_tokens=prompt,
@@ -93,11 +104,12 @@ def test_anonymous_cannot_post_either(client, alice):
     assert ApiKey.objects.get().revoked_at is None
 
 
-def test_nav_links_to_billing(client, alice):
+def test_nav_links_to_billing_and_developer_access(client, alice):
     client.force_login(alice)
     html = client.get("/billing/").content.decode()
-    for url in ["/billing/", "/billing/keys/", "/billing/usage/"]:
+    for url in ["/billing/", "/billing/usage/", "/developers/"]:
         assert f'href="{url}"' in html
+    assert 'href="/billing/keys/"' in client.get("/developers/").content.decode()
 
 
 # --- buying credit ---
@@ -106,7 +118,7 @@ def test_overview_shows_balance_held_credit_and_the_test_cards(client, carol):
     grant(carol, 10 * USD)
     price()
     key, _ = keys.api_key_create(user=carol, name="k")
-    price_now = metering.price_at(MODEL)
+    price_now = price_at(MODEL)
     metering.reserve(key=KeyInfo.of(key), model=MODEL, price=price_now, max_cost=2 * USD,
                      request_id="in-flight", tokens=10)
     client.force_login(carol)
@@ -334,13 +346,52 @@ def test_transactions_page_runs_a_fixed_number_of_queries(
     client.force_login(alice)
     with django_assert_max_num_queries(6):
         first = client.get("/billing/transactions/")
-    assert first.content.decode().count("data-entry=") == 50 and "page 1 of 3" in first.content.decode()
-    with django_assert_max_num_queries(6):
-        last = client.get("/billing/transactions/?page=3")
-    assert last.content.decode().count("data-entry=") == 20
-    # the oldest entry's running balance is the first grant's
-    assert '<td class="balance">$1.00</td>' in last.content.decode()
-    assert client.get("/billing/transactions/?page=abc").status_code == 200
+    assert first.content.decode().count("data-line=") == 50
+    seen, page, pages = [], first, 0
+    while True:  # older, page by page, to the end: every line once
+        pages += 1
+        seen += page.context["lines"]
+        if not page.context["older"]:
+            break
+        with django_assert_max_num_queries(6):
+            page = client.get("/billing/transactions/", {"before": page.context["older"]})
+    assert pages == 3 and len(seen) == 120 == len({line.cursor for line in seen})
+    # the oldest line's running balance is the first grant's
+    assert '<td class="balance">$1.00</td>' in page.content.decode()
+    for bad in ("abc", "9" * 40, "12_x", ""):
+        assert client.get("/billing/transactions/", {"before": bad}).status_code == 200
+
+
+def test_a_request_is_one_line_of_the_statement_and_purchases_stay_in_view(client, carol):
+    """A request's reserve, settle and give-back are one line, its net cost: a hundred requests
+    do not push a purchase off the overview's recent transactions by more than their count."""
+    price()
+    grant(carol, 10 * USD)
+    key, _ = keys.api_key_create(user=carol, name="k")
+    charges = [spend(key, prompt=1234, completion=567) for _ in range(3)]
+    client.force_login(carol)
+    lines = client.get("/billing/transactions/").context["lines"]
+    assert [line.kind for line in lines] == ["request"] * 3 + ["grant"]
+    assert all(line.amount_micros == -c.cost_micros for line, c in zip(lines[:3], reversed(charges), strict=True))
+    assert lines[0].balance_after_micros == 10 * USD - sum(c.cost_micros for c in charges)
+    assert lines[0].model == MODEL
+    overview = client.get("/billing/").content.decode()
+    assert overview.count('data-kind="request"') == 3 and overview.count('data-kind="grant"') == 1
+    assert f"{format_usd_exact(-charges[0].cost_micros)}" in overview  # to the micro-dollar
+
+
+def test_a_request_in_flight_shows_its_held_credit(client, carol):
+    price()
+    grant(carol, 10 * USD)
+    key, _ = keys.api_key_create(user=carol, name="k")
+    held = metering.reserve(key=KeyInfo.of(key), model=MODEL, price=price_at(MODEL),
+                            max_cost=1_000, request_id="in-flight", tokens=10)
+    client.force_login(carol)
+    line = client.get("/billing/transactions/").context["lines"][0]
+    assert line.kind == "request" and line.requests_pending
+    assert line.amount_micros == 0  # held is still the user's credit
+    assert "credit held" in client.get("/billing/transactions/").content.decode()
+    assert held.amount_micros > 0
 
 
 def test_overview_runs_a_fixed_number_of_queries(client, alice, django_assert_max_num_queries):
@@ -504,7 +555,7 @@ def test_usage_per_day_and_model(client, carol, bob, mallory):
     assert rows[2]["cost_micros"] == 2000 + 3000
     total = sum(Charge.objects.filter(user=carol).values_list("cost_micros", flat=True))
     html = response.content.decode()
-    assert f'<th id="total-cost">{format_usd(total)}</th>' in html
+    assert f'<td id="total-cost">{format_usd_exact(total)}</td>' in html
     assert html.count("<rect ") == 2  # two days with a cost
 
     only_first = client.get(f"/billing/usage/?key={first.pk}").context["rows"]
@@ -544,7 +595,7 @@ def test_cost_per_day_chart_geometry():
     days = charts.days_ending(date(2026, 3, 10), 4)
     assert days == [date(2026, 3, 7), date(2026, 3, 8), date(2026, 3, 9), date(2026, 3, 10)]
     chart = charts.cost_per_day_chart(days, {date(2026, 3, 8): 1_000, date(2026, 3, 10): 250},
-                                      fmt=format_usd, width=400, height=102)
+                                      fmt=format_usd_exact, width=400, height=102)
     assert [(b.x, b.height) for b in chart.bars] == [(101.0, 100.0), (301.0, 25.0)]
     assert all(b.y + b.height == 102 for b in chart.bars)
     assert chart.bars[0].title == "2026-03-08: $0.001" and chart.max_label == "$0.001"
@@ -555,8 +606,15 @@ def test_cost_per_day_chart_geometry():
 
 
 def test_money_formatting():
+    """Balances and prices in cents; the exact form where per-token amounts need it."""
     assert format_usd(0) == "$0.00" and format_usd(1_234_560_000) == "$1,234.56"
-    assert format_usd(1) == "$0.000001" and format_usd(-4_200) == "-$0.0042"
+    # The amounts a renter once saw side by side on one site, now one rule:
+    assert [format_usd(m) for m in (74_970_500, 79_967_000, 19_999_917)] == [
+        "$74.97", "$79.97", "$20.00"]
+    assert format_usd(5_000) == "$0.01" and format_usd(4_999) == "$0.00"  # half away from 0
+    assert format_usd(-4_200) == "$0.00" and format_usd(-1_234_567) == "-$1.23"
+    assert format_usd_exact(1) == "$0.000001" and format_usd_exact(-4_200) == "-$0.0042"
+    assert format_usd_exact(12_500_000) == "$12.50"
     assert micros_to_usd(-1) == Decimal("-0.000001") and str(micros_to_usd(10 * USD)) == "10.000000"
     assert usd_to_micros(Decimal("12.345678")) == 12_345_678
 
@@ -580,6 +638,11 @@ def test_payouts_page_and_request(client, bob, carol, mallory, settings):
     client.force_login(bob)
     html = client.get("/billing/payouts/").content.decode()
     assert '<dd class="price" id="earnings">$85.00</dd>' in html and "$10.00" in html
+    assert "Not set yet" in html
+    assert "Set where to pay you first" in client.post("/billing/payouts/", {"amount": "20"}
+                                                      ).content.decode()
+    services.payout_destination_set(provider=bob, method="paypal", holder_name="Bob",
+                                    paypal_email="bob@example.com")
 
     below = client.post("/billing/payouts/", {"amount": "9.99"})
     assert below.status_code == 200 and "The minimum payout is $10.00." in below.content.decode()
@@ -591,6 +654,7 @@ def test_payouts_page_and_request(client, bob, carol, mallory, settings):
     assert client.post("/billing/payouts/", {"amount": "60"})["Location"] == "/billing/payouts/"
     payout = Payout.objects.get()
     assert (payout.provider, payout.amount_micros, payout.status) == (bob, 60 * USD, "requested")
+    assert payout.destination == "PayPal to Bob, bob@example.com"
     html = client.get("/billing/payouts/").content.decode()
     assert '<dd id="pending">$60.00</dd>' in html and '<dd id="available">$25.00</dd>' in html
     # what is already requested counts against what is left
@@ -601,8 +665,55 @@ def test_payouts_page_and_request(client, bob, carol, mallory, settings):
     client.force_login(mallory)
     html = client.get("/billing/payouts/").content.decode()
     assert f'data-payout="{payout.pk}"' not in html and '<dd class="price" id="earnings">$0.00' in html
-    assert "more than your unpaid" in client.post("/billing/payouts/", {"amount": "50"}
-                                                  ).content.decode()
+    assert "Set where to pay you first" in client.post("/billing/payouts/", {"amount": "50"}
+                                                      ).content.decode()
+
+
+@pytest.mark.parametrize("fields, field, message", [
+    ({"method": "bank", "holder_name": "Bob", "iban": "DE89 3704 0044 0532 0130 01"},
+     "iban", "This IBAN is not valid"),
+    ({"method": "bank", "holder_name": "Bob", "iban": "DE89 3704 0044 0532 0130 00",
+      "bic": "NOTABIC"}, "bic", "This BIC is not valid"),
+    ({"method": "bank", "holder_name": "Bob"}, "iban", "A bank transfer needs the IBAN."),
+    ({"method": "paypal", "holder_name": "Bob", "paypal_email": "not-an-address"},
+     "paypal_email", "Enter a valid email address."),
+    ({"method": "cheque", "holder_name": "Bob"}, "method", "Select a valid choice"),
+    ({"method": "paypal", "holder_name": "  ", "paypal_email": "b@example.com"},
+     "holder_name", "This field is required."),
+])
+def test_a_payout_destination_is_checked_and_a_bad_one_is_a_form_error(
+        client, bob, fields, field, message):
+    client.force_login(bob)
+    response = client.post("/billing/payouts/destination/", fields)
+    assert response.status_code == 200
+    assert any(message in e for e in response.context["form"].errors[field])
+    assert not PayoutDestination.objects.exists()
+
+
+def test_a_payout_goes_where_it_was_asked_to_and_the_page_masks_the_account(
+        client, bob, carol, mallory, settings):
+    settings.RIGSHARE_MIN_PAYOUT_MICROS = 10 * USD
+    _earn(bob, carol, 100 * USD)
+    client.force_login(bob)
+    saved = client.post("/billing/payouts/destination/", {
+        "method": "bank", "holder_name": "Bob Builder", "iban": "de89370400440532013000",
+        "bic": "COBADEFFXXX"}, follow=True)
+    html = saved.content.decode()
+    assert "IBAN DE89 …3000" in html and "DE89370400440532013000" not in html
+    client.post("/billing/payouts/", {"amount": "20"})
+    client.post("/billing/payouts/destination/", {
+        "method": "paypal", "holder_name": "Bob", "paypal_email": "bob@example.com"})
+    payout = Payout.objects.get()
+    assert payout.destination == ("bank transfer to Bob Builder, IBAN DE89370400440532013000, "
+                                  "BIC COBADEFFXXX")
+    assert PayoutDestination.objects.get(provider=bob).method == "paypal"
+    # mallory neither sees nor sets bob's
+    client = Client()
+    client.force_login(mallory)
+    assert "Bob" not in client.get("/billing/payouts/destination/").content.decode()
+    client.post("/billing/payouts/destination/", {
+        "method": "paypal", "holder_name": "M", "paypal_email": "m@example.com"})
+    assert PayoutDestination.objects.get(provider=bob).paypal_email == "bob@example.com"
 
 
 def test_earnings_statement_csv(client, bob, carol, mallory):

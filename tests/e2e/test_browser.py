@@ -170,7 +170,6 @@ def test_provider_lists_a_machine_and_a_renter_rents_and_stops_it(page, live_ser
     expect(filters.get_by_label("Min VRAM (GB)")).to_have_value("")
     expect(catalog_rows).to_have_count(1)
     expect(catalog_rows).to_have_attribute("data-card", str(card_id))
-    page.screenshot(path=screenshot_dir / "catalog.png", full_page=True)
 
     # 5. The rent page: what the machine reported, what the provider claims, the uptime.
     catalog_rows.get_by_role("link", name="Rent").click()
@@ -220,8 +219,25 @@ def test_provider_lists_a_machine_and_a_renter_rents_and_stops_it(page, live_ser
     page.goto("/")
     expect(page.locator("p.count")).to_have_text("0 cards for rent")
 
+    # Her rental's page: the card as her own endpoint.
     page.goto("/rentals/")
-    active.get_by_role("button", name="Stop").click()
+    active.get_by_role("link", name="RTX PRO 6000").click()
+    expect(page).to_have_url(f"{live_server.url}/rentals/{rental_id}/")
+    expect(page.get_by_role("heading", level=1)).to_contain_text(f"Rental #{rental_id}")
+    endpoint = page.locator("section#endpoint")
+    expect(endpoint.get_by_role("heading", name="Your endpoint")).to_be_visible()
+    expect(endpoint).to_contain_text("pay no per-token price")
+    expect(endpoint.locator("#endpoint-live")).to_be_visible()
+
+    # Stopping asks first, then stops.
+    page.get_by_role("link", name="Stop this rental…").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text(f"Stop rental #{rental_id}?")
+    page.get_by_role("link", name="Keep it running").click()
+    expect(page).to_have_url(f"{live_server.url}/rentals/{rental_id}/")
+    assert Rental.objects.get(pk=rental_id).stopped_at is None
+    page.goto("/rentals/")
+    active.get_by_role("link", name="Stop…").click()
+    page.get_by_role("button", name="Stop the rental").click()
     expect(page.get_by_role("status").filter(has_text=f"Rental #{rental_id} stopped")
            ).to_be_visible()
     expect(active).to_have_count(0)

@@ -145,3 +145,46 @@ def test_provider_pages_need_login(client, bob):
         assert client.get(url).status_code == 302
     assert client.post("/provider/machines/add/").status_code == 302
     assert not EnrolmentToken.objects.exists()
+
+
+def test_dashboard_says_per_card_verification_rental_utilization_and_a_price_hint(
+        client, bob, alice, mallory, fund, django_assert_max_num_queries):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from marketplace.models import Card, Rental
+    from tests.factories import listed_card
+
+    now = timezone.now()
+    mine = bob_card(bob, name="NVIDIA GeForce RTX 4090", first_seen_at=now - timedelta(days=60))
+    Card.objects.filter(pk=mine.pk).update(verification_status="flagged",
+                                           verification_problems=2)
+    # Rented 3 of the last 30 days before, and rented now for an hour: 3 d 1 h of 30 d.
+    Rental.objects.create(card=mine, renter=alice, price_per_hour_micros=1,
+                          started_at=now - timedelta(days=10),
+                          stopped_at=now - timedelta(days=7))
+    Rental.objects.create(card=mine, renter=alice, price_per_hour_micros=1,
+                          started_at=now - timedelta(hours=1))
+    # Comparable: two verified 4090s of others at $0.40 and $0.60; an unverified one and a
+    # card of bob's own do not count.
+    for price, status, owner in ((400_000, "verified", mallory), (600_000, "verified", alice),
+                                 (100_000, "unverified", alice), (50_000, "verified", bob)):
+        other = listed_card(node=NodeFactory(owner=owner), name="NVIDIA GeForce RTX 4090",
+                            listing__price_per_hour_micros=price)
+        Card.objects.filter(pk=other.pk).update(verification_status=status)
+    client.force_login(bob)
+    html = client.get("/provider/").content.decode()
+    row = re.search(rf'<tr data-card="{mine.pk}">.*?</tr>', html, re.S).group(0)
+    assert "mismatch found" in row and "2 findings" in row
+    assert "yes, since" in row
+    assert '<td class="utilization">10%</td>' in row  # 73 h of 720 h
+    assert "comparable: $0.50/h, the median of 2 verified NVIDIA GeForce RTX 4090 cards" in row
+    assert "Earned, last 30 days" in html
+    # A constant number of queries, whatever the number of machines and cards.
+    with django_assert_max_num_queries(20) as few:
+        client.get("/provider/")
+    for _ in range(5):
+        bob_card(bob)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        client.get("/provider/")

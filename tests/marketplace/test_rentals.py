@@ -6,7 +6,7 @@ from django.db import connection
 from django.utils import timezone
 
 from marketplace import services
-from marketplace.models import Node, Rental
+from marketplace.models import Card, Node, Rental
 from tests.factories import NodeFactory, UserFactory, listed_card
 
 pytestmark = pytest.mark.django_db
@@ -169,3 +169,38 @@ def test_rental_pages_need_login(client):
     assert client.get("/rentals/").status_code == 302
     assert client.post(f"/cards/{card.pk}/rent/", {"mode": "until_stopped"}).status_code == 302
     assert not Rental.objects.exists()
+
+
+def test_a_flagged_card_is_rented_only_once_the_renter_confirms_its_findings(
+        client, alice, fund):
+    fund(alice)
+    card = listed_card()
+    Card.objects.filter(pk=card.pk).update(verification_status=Card.Verification.FLAGGED)
+    client.force_login(alice)
+    page = client.get(f"/cards/{card.pk}/").content.decode()
+    assert 'id="flagged-warning"' in page and 'name="accept_flagged"' in page
+    # Without the confirmation (a browser without `required`, a script): refused, nothing rented.
+    response = client.post(f"/cards/{card.pk}/rent/", {"mode": "until_stopped"}, follow=True)
+    assert "Verification flagged this card" in response.content.decode()
+    assert not Rental.objects.exists()
+    with pytest.raises(services.FlaggedCardNotAccepted):
+        services.rental_start(renter=alice, card_id=card.pk)
+    client.post(f"/cards/{card.pk}/rent/", {"mode": "until_stopped", "accept_flagged": "on"})
+    assert Rental.objects.get().card_id == card.pk
+
+
+def test_a_flagged_card_is_rented_through_the_api_only_with_accept_flagged(alice, fund):
+    from rest_framework.test import APIClient
+
+    fund(alice)
+    card = listed_card()
+    Card.objects.filter(pk=card.pk).update(verification_status=Card.Verification.FLAGGED)
+    api = APIClient()
+    api.force_authenticate(alice)
+    refused = api.post("/api/rentals/", {"card": card.pk}, format="json")
+    assert refused.status_code == 400 and "flagged" in refused.json()["card"][0]
+    assert api.post("/api/rentals/", {"card": card.pk, "accept_flagged": True},
+                    format="json").status_code == 201
+    # An unflagged card needs no confirmation.
+    other = listed_card()
+    assert api.post("/api/rentals/", {"card": other.pk}, format="json").status_code == 201

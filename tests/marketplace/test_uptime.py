@@ -5,7 +5,8 @@ from decimal import Decimal
 
 import pytest
 
-from marketplace import charts, selectors, services, uptime
+from billing import charts
+from marketplace import selectors, services, uptime
 from marketplace.models import NodeUptimeHour
 from tests.factories import NodeFactory
 

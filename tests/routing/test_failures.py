@@ -54,7 +54,7 @@ def test_worker_dying_mid_stream_ends_with_an_error_event_and_bills_what_was_del
     charge = Charge.objects.get()
     assert (charge.completion_tokens, charge.estimated) == (5, True)
     assert charge.prompt_tokens > 0  # the prompt is billed as estimated, never 0
-    assert charge.worker == f"deployment:{deployment.pk}"
+    assert charge.worker == f"node:{deployment.node_id}"
     assert RequestLog.objects.get().error_code == "upstream_disconnected"
 
 

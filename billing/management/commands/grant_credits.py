@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from accounts.models import User
 from billing import selectors, services
 from billing.models import Account
-from billing.pricing import format_usd, usd_to_micros
+from billing.pricing import format_usd_exact, usd_to_micros
 
 
 def parse_usd(text: str, *, what: str) -> int:
@@ -50,5 +50,5 @@ class Command(BaseCommand):
         except services.BillingError as exc:
             raise CommandError(str(exc)) from None
         balance = selectors.user_balances(user.pk)[Account.Kind.WALLET]
-        self.stdout.write(f"Granted {format_usd(amount)} to {user.email}; "
-                          f"balance now {format_usd(balance)}.")
+        self.stdout.write(f"Granted {format_usd_exact(amount)} to {user.email}; "
+                          f"balance now {format_usd_exact(balance)}.")
