@@ -6,6 +6,8 @@ from datetime import UTC, datetime
 from django.db import connection
 from django.db.models import Count, F, OuterRef, Subquery, Sum, Window
 from django.db.models.functions import Coalesce, TruncDate
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from billing import ledger
 from billing.models import Account, ApiKey, Charge, Entry, KeySpend, Payment, Payout
@@ -119,38 +121,45 @@ class StatementLine:
     cursor: str = ""  # where the next page starts: `before=` for user_statement
 
 
-_STATEMENT_SQL = """
+# Portable SQL (PostgreSQL, and the demo's SQLite): the running balance is taken per transfer
+# (a window over the per-transfer sums) and joined to each line at its last transfer.
+_REQUEST_KINDS_SQL = ", ".join(f"'{kind}'" for kind in REQUEST_TRANSFER_KINDS)
+_STATEMENT_SQL = f"""
 WITH e AS (
     SELECT en.id, en.transfer_id, en.amount_micros, t.kind, t.reference, t.memo, t.created_at,
-           CASE WHEN a.kind = 'earnings' THEN 'earnings' ELSE 'credit' END AS ledger,
-           SUM(en.amount_micros) OVER (
-               PARTITION BY a.kind = 'earnings' ORDER BY en.transfer_id, en.id) AS running
+           CASE WHEN a.kind = 'earnings' THEN 'earnings' ELSE 'credit' END AS ledger
       FROM billing_entry en
       JOIN billing_account a ON a.id = en.account_id
       JOIN billing_transfer t ON t.id = en.transfer_id
      WHERE a.owner_id = %(user)s AND a.kind IN ('wallet', 'holds', 'earnings')
+), running AS (
+    SELECT ledger, transfer_id,
+           SUM(SUM(amount_micros)) OVER (PARTITION BY ledger ORDER BY transfer_id) AS balance
+      FROM e GROUP BY ledger, transfer_id
 ), g AS (
-    SELECT CASE WHEN kind = ANY(%(request_kinds)s) THEN ledger || ':' || reference
-                ELSE 'entry:' || id END AS line,
-           bool_or(kind = ANY(%(request_kinds)s)) AS is_request,
-           bool_or(kind = 'reserve') AND NOT bool_or(kind <> 'reserve') AS only_reserved,
-           max(transfer_id) AS transfer_id, max(created_at) AS created_at, min(ledger) AS ledger,
-           min(kind) AS kind, min(reference) AS reference, min(memo) AS memo,
-           sum(amount_micros) AS amount_micros,
-           (array_agg(running ORDER BY transfer_id DESC, id DESC))[1] AS balance_after
+    SELECT CASE WHEN kind IN ({_REQUEST_KINDS_SQL}) THEN ledger || ':' || reference
+                ELSE 'entry:' || CAST(id AS TEXT) END AS line,
+           MAX(CASE WHEN kind IN ({_REQUEST_KINDS_SQL}) THEN 1 ELSE 0 END) AS is_request,
+           MIN(CASE WHEN kind = 'reserve' THEN 1 ELSE 0 END) AS only_reserved,
+           MAX(transfer_id) AS transfer_id, MAX(created_at) AS created_at,
+           MIN(ledger) AS ledger, MIN(kind) AS kind, MIN(reference) AS reference,
+           MIN(memo) AS memo, SUM(amount_micros) AS amount_micros
       FROM e GROUP BY 1
 )
 SELECT g.transfer_id, g.created_at, g.ledger,
-       CASE WHEN g.is_request THEN 'request' ELSE g.kind END, g.reference, g.memo,
-       g.amount_micros, g.balance_after, COALESCE(h.model, ''), g.only_reserved,
-       g.transfer_id || '_' || g.line
-  FROM g LEFT JOIN billing_hold h
-    ON g.is_request AND h.request_id = substr(g.reference, length('request:') + 1)
- WHERE %(before_id)s::bigint IS NULL
-    OR (g.transfer_id, g.line) < (%(before_id)s::bigint, %(before_line)s::text)
+       CASE WHEN g.is_request = 1 THEN 'request' ELSE g.kind END, g.reference, g.memo,
+       g.amount_micros, r.balance, COALESCE(h.model, ''), g.only_reserved = 1,
+       CAST(g.transfer_id AS TEXT) || '_' || g.line
+  FROM g
+  JOIN running r ON r.ledger = g.ledger AND r.transfer_id = g.transfer_id
+  LEFT JOIN billing_hold h
+    ON g.is_request = 1 AND h.request_id = substr(g.reference, length('request:') + 1)
+ {{where}}
  ORDER BY g.transfer_id DESC, g.line DESC
  LIMIT %(limit)s
 """
+_AFTER_CURSOR = ("WHERE g.transfer_id < %(before_id)s"
+                 " OR (g.transfer_id = %(before_id)s AND g.line < %(before_line)s)")
 
 
 def user_statement(user_id: int, *, limit: int, before: str = "") -> list[StatementLine]:
@@ -159,10 +168,18 @@ def user_statement(user_id: int, *, limit: int, before: str = "") -> list[Statem
     cost. Keyset-paged: `before` is the last line's `cursor` of the page before (a cursor that
     does not parse starts at the newest line). One query."""
     before_id, _, before_line = before.partition("_")
-    params = {"user": user_id, "request_kinds": list(REQUEST_TRANSFER_KINDS), "limit": limit,
-              "before_id": int(before_id) if before_id.isdigit() and len(before_id) < 19
-              and before_line else None,
+    paged = before_id.isdigit() and len(before_id) < 19 and bool(before_line)
+    params = {"user": user_id, "limit": limit, "before_id": int(before_id) if paged else 0,
               "before_line": before_line}
     with connection.cursor() as cur:
-        cur.execute(_STATEMENT_SQL, params)
-        return [StatementLine(*row) for row in cur.fetchall()]
+        cur.execute(_STATEMENT_SQL.format(where=_AFTER_CURSOR if paged else ""), params)
+        rows = cur.fetchall()
+    lines = []
+    for row in rows:
+        created_at = row[1]
+        if isinstance(created_at, str):  # SQLite hands raw SQL its datetimes as text
+            created_at = parse_datetime(created_at)
+            if timezone.is_naive(created_at):
+                created_at = timezone.make_aware(created_at, UTC)
+        lines.append(StatementLine(row[0], created_at, *row[2:9], bool(row[9]), row[10]))
+    return lines

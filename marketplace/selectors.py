@@ -1,6 +1,7 @@
 """Reads shared by pages and the REST API."""
 
 import json
+import statistics
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -18,6 +19,7 @@ from marketplace.filters import SORTS
 from marketplace.models import (
     Card,
     EnrolmentToken,
+    Listing,
     Node,
     NodeUptimeHour,
     Rental,
@@ -224,22 +226,27 @@ def balance_is_low(user, active_rentals) -> bool:
 def price_hints(gpu_names: list[str], *, provider) -> dict[str, dict]:
     """For each GPU name: what comparable cards ask, the median hourly price of the verified,
     listed cards of that GPU that are not this provider's, and how many there are. One
-    query."""
+    query: PostgreSQL computes the median; elsewhere (the demo's SQLite, a handful of cards)
+    the prices are read and the median taken here."""
     if not gpu_names:
         return {}
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT c.name, percentile_cont(0.5) WITHIN GROUP (ORDER BY l.price_per_hour_micros),"
-            "       count(*)"
-            "  FROM marketplace_card c"
-            "  JOIN marketplace_listing l ON l.card_id = c.id"
-            "  JOIN marketplace_node n ON n.id = c.node_id"
-            " WHERE l.is_listed AND c.present AND c.verification_status = %s"
-            "   AND n.owner_id <> %s AND c.name = ANY(%s)"
-            " GROUP BY c.name",
-            [Card.Verification.VERIFIED, provider.pk, list(set(gpu_names))])
-        return {name: {"median_micros": int(median), "cards": count}
-                for name, median, count in cur.fetchall()}
+    comparable = (Listing.objects.filter(
+        is_listed=True, card__present=True, card__name__in=set(gpu_names),
+        card__verification_status=Card.Verification.VERIFIED)
+        .exclude(card__node__owner=provider))
+    if connection.vendor == "postgresql":
+        sql, params = comparable.values("card__name", "price_per_hour_micros").query.sql_with_params()
+        with connection.cursor() as cur:
+            cur.execute("SELECT card__name, percentile_cont(0.5) WITHIN GROUP (ORDER BY "
+                        f"price_per_hour_micros), count(*) FROM ({sql}) AS q(card__name, "
+                        "price_per_hour_micros) GROUP BY card__name", params)
+            return {name: {"median_micros": int(median), "cards": count}
+                    for name, median, count in cur.fetchall()}
+    prices: dict[str, list[int]] = {}
+    for name, price in comparable.values_list("card__name", "price_per_hour_micros"):
+        prices.setdefault(name, []).append(price)
+    return {name: {"median_micros": int(statistics.median(values)), "cards": len(values)}
+            for name, values in prices.items()}
 
 
 def card_utilization(cards: list[Card], *, days: int = 30,
