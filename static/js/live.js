@@ -1,7 +1,8 @@
-// Live figures: in an element with an id and data-live-refresh="SECONDS", the parts marked
-// data-live-part (each with an id) are fetched again from the page's own URL every SECONDS and
-// swapped in; the rest (a reader's focus, a selection, a copy button) stays. Without
-// JavaScript the page is the same, as of its last load.
+// Live figures: an element with an id and data-live-refresh="SECONDS" is fetched again from the
+// page's own URL every SECONDS. Where it marks parts (data-live-part, each with an id), only
+// those are swapped in and the rest (a reader's focus, a selection, a copy button) stays; an
+// element with no parts is swapped whole. Without JavaScript the page is the same, as of its
+// last load.
 (function () {
   "use strict";
   document.querySelectorAll("[data-live-refresh][id]").forEach(function (section) {
@@ -15,7 +16,9 @@
           var fresh = new DOMParser().parseFromString(html, "text/html").getElementById(id);
           var current = document.getElementById(id);
           if (!fresh || !current) { return; }
-          current.querySelectorAll("[data-live-part][id]").forEach(function (part) {
+          var parts = current.querySelectorAll("[data-live-part][id]");
+          if (!parts.length) { current.replaceWith(fresh); return; }
+          parts.forEach(function (part) {
             var next = fresh.querySelector("#" + CSS.escape(part.id));
             if (next) { part.replaceWith(next); }
           });
