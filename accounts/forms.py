@@ -1,28 +1,24 @@
+from allauth.account import forms as allauth_forms
 from django import forms
-from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
-
-from accounts.models import User
 
 
-class SignUpForm(UserCreationForm):
-    class Meta:
-        model = User
-        fields = ("email",)
+class SignUpForm(allauth_forms.SignupForm):
+    """allauth's sign-up, in the site's words."""
 
-    def validate_password_for_user(self, user, **kwargs):
-        # Django attaches a too-short or too-common password's errors to the confirmation
-        # field; they are about the password itself, so they show under it.
-        super().validate_password_for_user(user, password_field_name="password1")
-
-    def clean_email(self):
-        email = self.cleaned_data["email"].lower()
-        if User.objects.filter(email=email).exists():
-            raise forms.ValidationError("An account with this email already exists.")
-        return email
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["email"].label = "Email address"
+        self.fields["password2"].label = "Password confirmation"
+        for field in self.fields.values():
+            field.widget.attrs.pop("placeholder", None)  # the labels say it
 
 
-class LoginForm(AuthenticationForm):
-    username = forms.EmailField(label="Email", widget=forms.EmailInput(attrs={"autofocus": True}))
+class LoginForm(allauth_forms.LoginForm):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["login"].label = "Email address"
+        for field in self.fields.values():
+            field.widget.attrs.pop("placeholder", None)
 
 
 class PersonalTokenForm(forms.Form):

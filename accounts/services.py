@@ -1,15 +1,20 @@
 from django.db import transaction
 from django.utils import timezone
 
+from accounts import security
 from accounts.models import PersonalToken, User
 from accounts.secrets import secret_issue
 
 
 @transaction.atomic
 def personal_token_create(*, user: User, name: str) -> tuple[PersonalToken, str]:
+    """A REST token, its secret returned this once; the holder is emailed of it."""
     issued = secret_issue("rst")
     row = PersonalToken.objects.create(
         user=user, name=name, prefix=issued.prefix, digest=issued.digest)
+    security.security_email_on_commit(
+        user, "new_api_key", {"key_name": row.name, "key_prefix": f"rst_{row.prefix}_",
+                              "rest_token": True})
     return row, issued.token
 
 

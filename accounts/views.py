@@ -1,32 +1,43 @@
+from allauth.account.models import EmailAddress
+from allauth.mfa.models import Authenticator
+from allauth.usersessions.models import UserSession
 from django.contrib import messages
-from django.contrib.auth import login
-from django.contrib.auth import views as auth_views
+from django.contrib.auth import logout
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from accounts.forms import LoginForm, PersonalTokenForm, SignUpForm
+from accounts import security
+from accounts.forms import PersonalTokenForm
 from accounts.services import personal_token_create, personal_token_revoke
 
 
-def signup(request):
-    form = SignUpForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        user = form.save()
-        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-        messages.success(request, "Welcome to Rigshare.")
-        target = request.GET.get("next", "")
-        if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
-                                               require_https=request.is_secure()):
-            target = "marketplace:catalog"  # never send a new user off-site
-        return redirect(target)
-    return render(request, "accounts/signup.html", {"form": form})
+@login_required
+def settings_page(request):
+    user = request.user
+    return render(request, "accounts/settings.html", {
+        "emails": EmailAddress.objects.filter(user=user).order_by("-primary", "email"),
+        "verified": security.has_verified_email(user),
+        "two_factor": security.has_two_factor(user),
+        "recovery_codes": Authenticator.objects.filter(
+            user=user, type=Authenticator.Type.RECOVERY_CODES).exists(),
+        "session_count": UserSession.objects.filter(user=user).count(),
+        "token_count": user.personal_tokens.filter(revoked_at__isnull=True).count(),
+    })
 
 
-class LoginView(auth_views.LoginView):
-    template_name = "accounts/login.html"
-    authentication_form = LoginForm
+@login_required
+@require_POST
+def logout_everywhere(request):
+    """Every session of the account ends, this one too; REST tokens too when asked."""
+    user = request.user
+    revoke = request.POST.get("revoke_tokens") == "on"
+    revoked = security.revoke_personal_tokens(user) if revoke else 0
+    security.end_sessions(user)
+    logout(request)
+    messages.success(request, "You are logged out everywhere"
+                     + (f", and {revoked} REST token(s) were revoked." if revoke else "."))
+    return redirect("account_login")
 
 
 @login_required

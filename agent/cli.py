@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agent import __version__, client, hardware, probe_jobs, probes
+from agent import __version__, client, hardware, probe_jobs, probes, supervisor
 from agent.credential import (
     DEFAULT_CREDENTIAL_FILE,
     CredentialError,
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None, *, machine: hardware.Machine | None = No
     args = build_parser().parse_args(argv)
     try:
         return args.command(args, machine or hardware.LocalMachine())
-    except (AgentError, CredentialError, hardware.FactsError) as exc:
+    except (AgentError, CredentialError, hardware.FactsError,
+            supervisor.SupervisorError) as exc:
         print(exc, file=sys.stderr, flush=True)
         return 1
     except KeyboardInterrupt:
@@ -52,7 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
     enroll.set_defaults(command=cmd_enroll)
 
     run = commands.add_parser("run", help="report to the platform every few seconds")
-    run.add_argument("--engine-url", required=True, help="e.g. http://127.0.0.1:8000")
+    run.add_argument("--engine-url", help="e.g. http://127.0.0.1:8000 (the default when the "
+                     "agent runs the engine)")
+    # The agent may run the engine itself, as its child (docs/agent-protocol.md, section 4).
+    own = run.add_mutually_exclusive_group()
+    own.add_argument("--serve", metavar="MODEL",
+                     help="run the engine for MODEL with the command the platform computes "
+                     "for this machine, and restart it when that changes")
+    own.add_argument("--engine-command", metavar="COMMAND",
+                     help='run this engine command (shell words, no shell), e.g. "vllm serve '
+                     'Qwen/Qwen3-27B --port 8000"')
+    run.add_argument("--model-file", metavar="PATH",
+                     help="with --serve and llama.cpp: the GGUF file to load")
+    run.add_argument("--state-dir", type=Path, metavar="DIR",
+                     help="where the engine's log and keeper live (default: beside the "
+                     "credential file); a second agent on the same one takes the engine over")
+    run.add_argument("--drain-timeout", type=_positive_float, default=300.0, metavar="S",
+                     help="longest wait for requests in flight before a restart (default 300)")
+    run.add_argument("--stop-timeout", type=_positive_float, default=30.0, metavar="S",
+                     help="seconds from SIGTERM to SIGKILL when stopping the engine "
+                     "(default 30)")
     _credential_argument(run)
     run.add_argument("--interval", type=_positive_float, default=DEFAULT_INTERVAL_S,
                      help="seconds between heartbeats until the platform says otherwise")
@@ -150,6 +170,12 @@ def cmd_enroll(args, machine) -> int:
     path = args.credential_file.expanduser()
     write_credential(path, {"platform": platform, "node_id": reply["node_id"],
                             "credential": reply["credential"]})
+    if isinstance(reply.get("engine_key"), str) and reply["engine_key"]:
+        # The engine's --api-key: the agent starts its engine with it; an engine the provider
+        # runs reads it from this file (docs/operations.md).
+        key_dir = _state_dir(None, path)
+        supervisor.write_engine_key(key_dir, reply["engine_key"])
+        print(f"Engine key saved to {key_dir / supervisor.KEY_FILE}.", flush=True)
     default = args.credential_file == Path(DEFAULT_CREDENTIAL_FILE)
     where = "" if default else f" --credential-file {path}"
     print(f"Enrolled as node {reply['node_id']}; credential saved to {path}. "
@@ -160,31 +186,44 @@ def cmd_enroll(args, machine) -> int:
 # --- run ------------------------------------------------------------------------------------
 
 def cmd_run(args, machine) -> int:
-    engine_url = _base_url(args.engine_url, "--engine-url")
     path = args.credential_file.expanduser()
     node = read_credential(path)
     platform = _base_url(node["platform"], f"the platform URL in {path}")
+    engine = _supervisor(args, path)
+    if engine is None and not args.engine_url:
+        raise AgentError("Give --engine-url (the engine you run), or let the agent run the "
+                         "engine: --serve MODEL or --engine-command COMMAND.")
+    engine_url = engine.engine_url if engine else _base_url(args.engine_url, "--engine-url")
+    state_dir = engine.state_dir if engine else _state_dir(args.state_dir, path)
     interval = args.interval
+    report_power = False  # the platform asks for the GPUs' draw while it measures the machine
     notice_shown = False
     last_summary = None
     runner = probe_jobs.JobRunner(platform=platform, credential=node["credential"],
                                   executors={"probes": _probe_executor(machine)}, log=log)
+    if engine is not None:
+        engine.start()
     restore = _stop_on_sigterm()
+    # No keep-alive to the engine: an idle connection of the agent's own must not count as a
+    # request in flight when the supervisor drains an engine that says nothing of its requests.
+    no_keepalive = httpx.Limits(max_keepalive_connections=0)
     try:
-        with httpx.Client() as platform_http, httpx.Client() as engine_http:
+        with httpx.Client() as platform_http, httpx.Client(limits=no_keepalive) as engine_http:
             while True:
                 facts, notice = machine.facts()
                 if notice and not notice_shown:  # once per run, not once per heartbeat
                     log(notice)
                     notice_shown = True
+                if report_power:
+                    facts = with_power_draw(facts, machine.power_draw())
                 body = {
                     "agent_version": __version__,
                     "hostname": _reported_hostname(args, machine),
                     **facts,
-                    "engine": client.engine_status(
-                        engine_http, engine_url, engine_kind=args.engine_kind,
-                        max_context=args.max_context, quantization=args.quantization),
+                    "engine": _engine_report(engine_http, engine_url, args, engine, state_dir),
                 }
+                if engine is not None:
+                    body["engine"]["supervisor"] = engine.report()
                 try:
                     reply = client.heartbeat(platform_http, platform, node["credential"], body)
                 except client.Refused as exc:
@@ -204,6 +243,7 @@ def cmd_run(args, machine) -> int:
                     last_summary = None
                 else:
                     interval = _reply_interval(reply, interval)
+                    report_power = reply.get("report_power") is True
                     summary = _summary(reply, body, interval, args.once)
                     if summary != last_summary:  # log changes, not a line every 10 s
                         log(summary)
@@ -211,13 +251,125 @@ def cmd_run(args, machine) -> int:
                     if args.once:
                         return 0
                     runner.offer(reply.get("jobs"))
-                time.sleep(interval)
+                    _take_engine_key(reply.get("engine_key"), state_dir, engine)
+                    if engine is not None:
+                        engine.on_reply(reply.get("engine"),
+                                        sent_state=body["engine"]["supervisor"]["state"])
+                if engine is None:
+                    time.sleep(interval)
+                    continue
+                # A change of the engine's state is reported at once, not at the next beat.
+                time.sleep(MIN_BEAT_GAP_S)
+                engine.changed.wait(max(0.0, interval - MIN_BEAT_GAP_S))
+                engine.changed.clear()
+                if engine.replaced_by is not None:
+                    log(f"Handed over to the newer agent (pid {engine.replaced_by}); the "
+                        "engine goes on under it.")
+                    return 0
     except KeyboardInterrupt:
         log("Stopped.")
         return 0
     finally:
         restore()
         runner.close()
+        if engine is not None and engine.replaced_by is None:
+            engine.stop()
+            _last_heartbeat(platform, node["credential"], args, machine, engine, engine_url)
+
+
+# Heartbeats come at least this far apart, however fast the engine's state moves.
+MIN_BEAT_GAP_S = 0.2
+
+
+def _state_dir(given: Path | None, credential_path: Path) -> Path:
+    return (given or credential_path.with_name(credential_path.stem + "-engine")).expanduser()
+
+
+def _engine_report(http, engine_url, args, engine, state_dir: Path) -> dict:
+    """The heartbeat's `engine`, asked with the engine's key, and which keys are where:
+    `key_held` the newest the agent holds, `key_fingerprint` the one the engine runs with (the
+    platform sends that one). An engine the provider runs is asked with the newest key, then
+    the one before it: it runs with the one it answers."""
+    options = dict(engine_kind=args.engine_kind, max_context=args.max_context,
+                   quantization=args.quantization)
+    if engine is not None:
+        report = client.engine_status(http, engine_url, headers=engine.headers(), **options)
+        in_use = engine.key_in_use()
+    else:
+        keys = supervisor.engine_keys(state_dir) or [None]
+        for key in keys:
+            headers = {"Authorization": f"Bearer {key}"} if key else None
+            report = client.engine_status(http, engine_url, headers=headers, **options)
+            if report["reachable"]:
+                break
+        in_use = supervisor.key_fingerprint(key) if report["reachable"] else None
+    report["key_held"] = supervisor.key_fingerprint(supervisor.read_engine_key(state_dir))
+    report["key_fingerprint"] = in_use
+    return report
+
+
+def _take_engine_key(offer, state_dir: Path, engine) -> None:
+    """A key the platform hands over: kept; an engine the agent runs restarts with it (drained
+    first: the key is part of its configuration)."""
+    if not (isinstance(offer, dict) and isinstance(offer.get("key"), str) and offer["key"]):
+        return
+    if not supervisor.write_engine_key(state_dir, offer["key"]):
+        return
+    path = state_dir / supervisor.KEY_FILE
+    if engine is None:
+        log(f"New engine key saved to {path}: restart your engine with --api-key set to it "
+            "(the platform goes on using the previous key until the engine answers the new "
+            "one).")
+    else:
+        log(f"New engine key saved to {path}; the engine restarts with it.")
+        engine.changed.set()
+
+
+def _supervisor(args, credential_path: Path) -> supervisor.Supervisor | None:
+    """The engine supervisor `run`'s flags ask for, or None (the provider runs the engine)."""
+    if args.serve is None and args.engine_command is None:
+        if args.model_file:
+            raise AgentError("--model-file goes with --serve.")
+        return None
+    if args.once:
+        raise AgentError("--once reports once: it cannot run the engine (leave out --serve "
+                         "and --engine-command).")
+    if args.model_file and args.serve is None:
+        raise AgentError("--model-file goes with --serve.")
+    try:
+        command = (supervisor.parse_command(args.engine_command)
+                   if args.engine_command is not None else None)
+    except ValueError as exc:
+        raise AgentError(f"--engine-command: {exc}.") from None
+    state_dir = _state_dir(args.state_dir, credential_path)
+    return supervisor.Supervisor(
+        state_dir=state_dir,
+        engine_url=_base_url(args.engine_url or "http://127.0.0.1:8000", "--engine-url"),
+        command=command, serve=args.serve, quantization=args.quantization,
+        model_file=args.model_file, stop_timeout_s=args.stop_timeout,
+        drain_timeout_s=args.drain_timeout, log=log)
+
+
+def _last_heartbeat(platform, credential, args, machine, engine, engine_url) -> None:
+    """One heartbeat saying the engine is stopped, so that the machine page and routing know
+    at once; best effort (the platform may be what is down)."""
+    try:
+        facts, _ = machine.facts()
+        body = {"agent_version": __version__, "hostname": _reported_hostname(args, machine),
+                **facts, "engine": {"url": engine_url, "reachable": False, "models": [],
+                                    "served": [], "error": "stopped with the agent",
+                                    "supervisor": engine.report()}}
+        with httpx.Client(timeout=3.0) as http:
+            client.heartbeat(http, platform, credential, body)
+    except (client.Refused, client.Unavailable, hardware.FactsError, httpx.HTTPError):
+        pass
+
+
+def with_power_draw(facts: dict, draws: dict[int, int]) -> dict:
+    """The facts with each GPU's power draw (W) where the machine could read it."""
+    return {**facts, "gpus": [{**gpu, "power_draw_w": draws[gpu["index"]]}
+                              if gpu.get("index") in draws else gpu
+                              for gpu in facts.get("gpus") or []]}
 
 
 def _reply_interval(reply: dict, current: float) -> float:
@@ -237,6 +389,10 @@ def _summary(reply: dict, body: dict, interval: float, once: bool) -> str:
         f"engine up, {len(engine['models'])} model(s){hint}" if engine["reachable"]
         else f"engine unreachable ({engine['error']})"
     )
+    if engine.get("supervisor"):  # the agent runs it: its state says more than "unreachable"
+        state = engine["supervisor"]["state"]
+        engine_text = (f"engine {state}, {len(engine['models'])} model(s){hint}"
+                       if engine["reachable"] else f"engine {state}")
     review = ", needs review" if reply.get("needs_review") else ""
     # The job runner logs each job it takes; only --once leaves them.
     jobs = f", {len(reply['jobs'])} job(s) left for run" if once and reply.get("jobs") else ""

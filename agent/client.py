@@ -103,15 +103,18 @@ def _flatten(errors) -> str:
 
 
 def engine_status(client: httpx.Client, engine_url: str, *, engine_kind: str | None = None,
-                  max_context: int | None = None, quantization: str | None = None) -> dict:
+                  max_context: int | None = None, quantization: str | None = None,
+                  headers: dict | None = None) -> dict:
     """The heartbeat's engine part. Never raises: an engine that does not answer is reported
     (reachable false, error why), it does not stop the heartbeat.
 
     `engine_kind`, `max_context` and `quantization` are the provider's word (`run`'s flags)
-    for what the engine leaves unsaid; what the engine itself says, once checked, wins."""
+    for what the engine leaves unsaid; what the engine itself says, once checked, wins.
+    `headers`: the engine key, for an engine started with one."""
     status = {"url": engine_url, "reachable": False, "models": [], "served": [], "error": None}
     try:
-        response = client.get(f"{engine_url}/v1/models", timeout=ENGINE_TIMEOUT_S)
+        response = client.get(f"{engine_url}/v1/models", timeout=ENGINE_TIMEOUT_S,
+                              headers=headers)
     except httpx.HTTPError as exc:
         status["error"] = describe(exc)[:MAX_STRING]
         return status

@@ -1,8 +1,8 @@
 """The machine the agent reports on: NVML on NVIDIA machines, the chip itself on Apple Silicon,
 and the verification probes measured here with torch.
 
-The agent asks a machine for three things only (`Machine`): its hostname, its facts and its
-probe results. `LocalMachine` is this computer; whoever starts the agent may hand it another
+The agent asks a machine for four things only (`Machine`): its hostname, its facts, its probe
+results and, while the platform measures it, its GPUs' power draw. `LocalMachine` is this computer; whoever starts the agent may hand it another
 (fleetsim's simulated machines, through `agent.cli.main(argv, machine=...)`), so the agent
 itself never knows about simulators."""
 
@@ -14,7 +14,7 @@ import uuid
 from typing import Protocol
 
 from agent import host, probes
-from agent.nvml import MIB, NoNvidia, read_nvidia
+from agent.nvml import MIB, NoNvidia, read_nvidia, read_power_draw
 
 # Apple GPU uuids are derived from the Mac's hardware UUID through this namespace, so the same
 # Mac always reports the same uuid (duplicate detection works) without sending the raw
@@ -39,6 +39,9 @@ class Machine(Protocol):
         """The probes result of docs/agent-protocol.md; raises probes.ProbeError for a job
         that cannot run as asked."""
 
+    def power_draw(self) -> dict[int, int]:
+        """Each GPU's power draw now, in W, by index; those it cannot read are left out."""
+
 
 class LocalMachine:
     """This computer. pynvml is loaded on first use: enrolling needs none of it."""
@@ -61,6 +64,10 @@ class LocalMachine:
 
     def probes(self, params: dict, *, device: str | None = None, log=None) -> dict:
         return probes.run_probes(params, nvml=self.nvml(), device=device, log=log)
+
+    def power_draw(self) -> dict[int, int]:
+        # NVML's reading; a Mac has no NVML and reports none.
+        return read_power_draw(self.nvml())
 
 
 def load_pynvml():

@@ -41,6 +41,29 @@ def read_nvidia(nvml) -> dict:
             pass
 
 
+def read_power_draw(nvml) -> dict[int, int]:
+    """Each GPU's power draw now, in whole watts, by NVML index (nvmlDeviceGetPowerUsage, which
+    answers in milliwatts); a GPU that cannot say is left out, and so is every GPU when NVML
+    cannot be had."""
+    if nvml is None:
+        return {}
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
+        return {}
+    try:
+        draws = {}
+        for index in range(_call(nvml, "nvmlDeviceGetCount") or 0):
+            handle = _call(nvml, "nvmlDeviceGetHandleByIndex", index)
+            milliwatts = None if handle is None else _call(nvml, "nvmlDeviceGetPowerUsage",
+                                                           handle)
+            if milliwatts is not None:
+                draws[index] = round(milliwatts / 1000)
+        return draws
+    finally:
+        close_nvml(nvml)
+
+
 def _read_gpu(nvml, index: int) -> dict:
     handle = _call(nvml, "nvmlDeviceGetHandleByIndex", index)
     return {"index": index, **_gpu_fields(nvml, handle)}
@@ -161,6 +184,7 @@ def read_probe_facts(nvml, handle) -> dict:
         _const(nvml, "NVML_AGGREGATE_ECC", AGGREGATE_ECC),
     )
     cuda = _call(nvml, "nvmlSystemGetCudaDriverVersion_v2")
+    power_mw = ask("nvmlDeviceGetPowerUsage")
     return {
         "name": base["name"],
         "uuid": base["uuid"],
@@ -177,6 +201,8 @@ def read_probe_facts(nvml, handle) -> dict:
         "pcie_width_current": base["pcie_width_current"],
         "pcie_width_max": base["pcie_width_max"],
         "power_limit_w": base["power_limit_w"],
+        # The draw now: whether this machine can report it in heartbeats (report_power).
+        "power_draw_w": None if power_mw is None else round(power_mw / 1000),
         "power_default_limit_w": None if default_limit_mw is None else round(default_limit_mw / 1000),
         "virtualization_mode": ask("nvmlDeviceGetVirtualizationMode"),
         "ecc_mode": None if ecc is None else ecc[0],

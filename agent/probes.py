@@ -42,7 +42,7 @@ FACT_KEYS = (
     "sm_count", "memory_total_mib", "memory_bus_width_bits", "max_memory_clock_mhz",
     "theoretical_bandwidth_gbs", "pcie_gen_current", "pcie_gen_max", "pcie_width_current",
     "pcie_width_max", "power_limit_w", "power_default_limit_w", "virtualization_mode",
-    "ecc_mode", "ecc_errors", "driver_version", "cuda_version",
+    "ecc_mode", "ecc_errors", "driver_version", "cuda_version", "power_draw_w",
 )
 
 

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 from accounts.secrets import secret_prefix
 from agentapi.authentication import IsNode, NodeCredentialAuthentication
 from marketplace import heartbeat_fast
+from marketplace import selectors as marketplace_selectors
 from marketplace import services as marketplace
 from marketplace.serializers import (
     MAX_HEARTBEAT_BYTES,
@@ -66,6 +67,7 @@ class AgentEnroll(APIView):
         except marketplace.EnrolmentRefused as exc:
             return Response({"detail": str(exc)}, status=401)
         return Response({"node_id": enrolment.node.pk, "credential": enrolment.credential,
+                         "engine_key": enrolment.engine_key,
                          "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S},
                         status=201)
 
@@ -89,21 +91,39 @@ class AgentHeartbeat(AgentView):
         serializer.is_valid(raise_exception=True)
         result = marketplace.node_heartbeat_record(node_id=node.pk,
                                                    report=serializer.validated_data)
-        if result.first_report or result.hardware_changed:
+        if result.first_report or result.hardware_changed or result.engine_changed:
             trigger = (VerificationRun.Trigger.ENROLMENT if result.first_report
-                       else VerificationRun.Trigger.HARDWARE_CHANGE)
+                       else VerificationRun.Trigger.HARDWARE_CHANGE if result.hardware_changed
+                       else VerificationRun.Trigger.ENGINE_CHANGE)
             transaction.on_commit(lambda: verification.run_start(node_id=node.pk,
                                                                  trigger=trigger))
         if result.uuid_conflicts_changed:
             # Its UUID finding, and its verdict, follow the conflict at once, run or no run.
             verification.node_rejudge(node_id=node.pk)
         routing.deployments_sync(node_id=node.pk)
+        jobs = verification.jobs_for_node(node.pk)
+        # While a run measures the machine: its GPUs' power draw, and soon a heartbeat a second;
+        # from the report that starts a run on, so that the draw is in before its load test.
+        report_power, interval = verification.heartbeat_power(node_id=node.pk, jobs=jobs)
+        report_power = report_power or result.first_report or result.hardware_changed
         answer = {"node_id": node.pk, "status": result.node.status,
                   "needs_review": result.node.held_out,
-                  "heartbeat_interval_s": settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
-                  "jobs": verification.jobs_for_node(node.pk)}
-        if (not answer["jobs"] and result.node.is_online and not result.first_report
-                and not result.hardware_changed and not result.uuid_conflicts_changed):
+                  "heartbeat_interval_s": interval or settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
+                  "jobs": jobs, "report_power": report_power}
+        if serializer.validated_data["engine"].get("supervisor") is not None:
+            # The agent runs the engine: the command to run, the restarts asked for.
+            answer["engine"] = marketplace_selectors.node_engine_for_agent(result.node)
+        engine = serializer.validated_data["engine"]
+        # An agent that says nothing of keys (older than them) is not handed one.
+        engine_key = marketplace.node_engine_key_sync(
+            node=node, held=engine.get("key_held"), in_use=engine.get("key_fingerprint"),
+            hand_over="key_held" in engine)
+        if engine_key is not None:
+            answer["engine_key"] = engine_key
+        if (not answer["jobs"] and not report_power and result.node.is_online
+                and engine_key is None
+                and not result.first_report and not result.hardware_changed
+                and not result.uuid_conflicts_changed and not result.engine_changed):
             # A repeat of this report gets this answer again: the ASGI front may give it
             # (agentapi.asgi) until something forgets it (services.node_heartbeat_forget).
             body = json.dumps(answer, separators=(",", ":")).encode()

@@ -29,7 +29,7 @@ from django.test import Client  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from accounts.models import User  # noqa: E402
-from marketplace import keyset, selectors  # noqa: E402
+from marketplace import costs, keyset, selectors  # noqa: E402
 from marketplace.filters import SORTS, CatalogFilterForm  # noqa: E402
 from marketplace.models import Card, Listing, Node  # noqa: E402
 
@@ -68,7 +68,9 @@ def grow_to(owner, total: int) -> None:
              verified_concurrency=32 if i % 4 else None)
         for i in range(new)])
     Listing.objects.bulk_create([
-        Listing(card=c, is_listed=True, price_per_hour_micros=200_000 + (i % 5000) * 1000)
+        Listing(card=c, is_listed=True, price_per_hour_micros=200_000 + (i % 5000) * 1000,
+                cost_per_mtok_micros=costs.per_mtok_micros(200_000 + (i % 5000) * 1000,
+                                                           c.verified_tokens_per_s))
         for i, c in enumerate(cards)])
     connection.cursor().execute("ANALYZE")
 
@@ -126,6 +128,7 @@ def cases() -> list[tuple[str, str, dict]]:
             ("page, search model", "/", {"q": "llama-3.1"}),
             ("page, half-way", "/", {"cursor": halfway_cursor("price")}),
             ("page, -capacity", "/", {"sort": "-capacity"}),
+            ("page, cost", "/", {"sort": "cost"}),
             ("api, default", "/api/cards/", {}),
             ("api, 4 filters + sort", "/api/cards/", FOUR_FILTERS)]
 

@@ -334,7 +334,7 @@ def make_rows(engine_url: str) -> str:
     verified_deployment(provider, PROFILE, engine_url)
     consumer = User.objects.create_user("consumer@bench.test", None)
     credits_grant(user=consumer, amount_micros=10**12, idempotency_key="bench-proxy:grant")
-    _, token = api_key_create(user=consumer, name="bench")  # no spend or rate limits
+    _, token = api_key_create(user=consumer, name="bench", by_operator=True)  # no spend or rate limits
     return token
 
 

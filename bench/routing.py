@@ -153,7 +153,7 @@ def make_rows(engines: dict[str, str]) -> str:
         verified_deployment(provider, key, url, since=timezone.now() - timedelta(hours=1))
     consumer = User.objects.create_user("consumer@bench.test", None)
     credits_grant(user=consumer, amount_micros=10**13, idempotency_key="bench-routing:grant")
-    _, token = api_key_create(user=consumer, name="bench")
+    _, token = api_key_create(user=consumer, name="bench", by_operator=True)
     return token
 
 

@@ -4,9 +4,10 @@ revoke). Nobody sees or touches another user's keys: they answer 404."""
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
+from accounts import security
 from billing import keys
 from billing.models import ApiKey
 from billing.serializers import ApiKeySerializer
@@ -27,16 +28,22 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upd
     def create(self, request):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        row, token = keys.api_key_create(user=request.user, **serializer.validated_data)
+        try:
+            row, token = keys.api_key_create(user=request.user, **serializer.validated_data)
+        except security.NeedsStrongerAccount as exc:
+            raise PermissionDenied(str(exc)) from None
         return Response(dict(self.get_serializer(row).data, key=token),
                         status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer):
         if serializer.instance.revoked_at is not None:
             raise ValidationError({"detail": "A revoked key cannot change."})
-        serializer.instance = keys.api_key_update(user=self.request.user,
-                                                  key_id=serializer.instance.pk,
-                                                  **serializer.validated_data)
+        try:
+            serializer.instance = keys.api_key_update(user=self.request.user,
+                                                      key_id=serializer.instance.pk,
+                                                      **serializer.validated_data)
+        except security.NeedsStrongerAccount as exc:
+            raise PermissionDenied(str(exc)) from None
 
     @extend_schema(request=None, responses=ApiKeySerializer)
     @action(detail=True, methods=["post"])

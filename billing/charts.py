@@ -1,6 +1,6 @@
-"""Geometry for the site's server-rendered SVG bar charts (no ORM, no JavaScript): cost and
-earnings per day, and a machine's hourly uptime. Here, the lowest app, so every page can use
-the one module."""
+"""Geometry for the site's server-rendered SVG charts (no ORM, no JavaScript): cost and
+earnings per day, a machine's hourly uptime, and a card's cost per 1M tokens against its
+utilization. Here, the lowest app, so every page can use the one module."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,3 +74,80 @@ def uptime_chart(bars: Sequence[Hour], *, slots: int = 48, width: int = 480,
                        title=f"{bar.hour:%Y-%m-%d %H:00} UTC: {bar.pct}% up"))
     return BarChart(width=width, height=height, bars=out, first_label=f"{slots} h ago",
                     last_label="now")
+
+
+# --- a cost per 1M tokens against utilization (the break-even calculator) ---
+
+@dataclass(frozen=True)
+class Point:
+    x: float
+    y: float
+    title: str
+
+
+@dataclass(frozen=True)
+class Curve:
+    label: str
+    css: str
+    path: str  # "M x,y L x,y ...": the points within the chart's height
+    points: list[Point]
+    key_y: float  # where its line and label stand in the key (top right)
+
+
+@dataclass(frozen=True)
+class Tick:
+    at: float  # x for the utilization axis, y for the cost axis
+    label: str
+
+
+@dataclass(frozen=True)
+class CostChart:
+    width: int
+    height: int
+    left: int  # the plot's box
+    top: int
+    right: int
+    bottom: int
+    curves: list[Curve]
+    x_ticks: list[Tick]
+    y_ticks: list[Tick]
+    line_y: float | None  # the API price's horizontal line
+    line_label: str
+    marks: list[Point]  # where a curve crosses it: the break-even points
+    key_x: float  # the key's left edge: a sample of each curve's line, then its label
+
+
+def cost_curve_chart(curves: Sequence[tuple[str, str, Sequence[tuple[float, int]]]], *,
+                     line_micros: int | None, line_label: str = "",
+                     marks: Sequence[tuple[str, float, int]] = (), fmt=str,
+                     width: int = 600, height: int = 260) -> CostChart:
+    """Cost per 1M tokens (y, micros) against utilization (x, 0..1) for each curve (label, css,
+    points), the price to beat as a horizontal line, and a mark at each (label, utilization,
+    cost). The cost grows without bound as utilization falls, so the axis stops at 2.5x the
+    line or 1.25x the dearest curve's cost at full use, whichever is higher; a curve is drawn
+    from its first point under that. `fmt` writes micros for people."""
+    left, top, right, bottom = 64, 12, width - 12, height - 36
+    at_full = [pts[-1][1] for _, _, pts in curves if pts]
+    ceiling = max(2.5 * (line_micros or 0), 1.25 * max(at_full, default=0), 1)
+
+    def x(u: float) -> float:
+        return round(left + (right - left) * float(u), 1)
+
+    def y(cost: float) -> float:
+        return round(bottom - (bottom - top) * min(float(cost), ceiling) / ceiling, 1)
+
+    drawn = []
+    for n, (label, css, pts) in enumerate(curves):
+        inside = [Point(x(u), y(c), f"{float(u):.0%} used: {fmt(c)} per 1M tokens ({label})")
+                  for u, c in pts if c <= ceiling]
+        path = " ".join(("M" if i == 0 else "L") + f"{p.x},{p.y}" for i, p in enumerate(inside))
+        drawn.append(Curve(label, css, path, inside, key_y=top + 8 + 16 * n))
+    return CostChart(
+        width=width, height=height, left=left, top=top, right=right, bottom=bottom,
+        curves=drawn,
+        x_ticks=[Tick(x(u / 100), f"{u}%") for u in (0, 25, 50, 75, 100)],
+        y_ticks=[Tick(y(ceiling * k / 4), fmt(round(ceiling * k / 4))) for k in range(5)],
+        line_y=y(line_micros) if line_micros else None, line_label=line_label,
+        key_x=right - 210,
+        marks=[Point(x(u), y(c), f"{label}: breaks even at {float(u):.0%} used, {fmt(c)} per "
+                                 "1M tokens") for label, u, c in marks])

@@ -19,8 +19,10 @@ from django.core.cache.backends.redis import RedisSerializer
 from django.db import transaction
 from django.utils import timezone
 
+from accounts import security
 from accounts.secrets import secret_digest, secret_issue, secret_matches, secret_prefix
 from billing.models import ApiKey
+from billing.pricing import format_usd
 from config.redis import REDIS_ERRORS, pool_options, redis_client
 
 log = logging.getLogger(__name__)
@@ -57,16 +59,34 @@ def _cache_key(digest: str) -> str:
     return f"apikey:{digest}"
 
 
-def api_key_create(*, user, name: str, **limits) -> tuple[ApiKey, str]:
+UNLIMITED_ACTION = "create an API key with no spend limit"
+
+
+def api_key_create(*, user, name: str, by_operator: bool = False,
+                   **limits) -> tuple[ApiKey, str]:
+    """A new key, its secret returned this once. A key that may spend the whole balance needs
+    a verified email and two-factor (security.NeedsStrongerAccount otherwise), unless an
+    operator makes it on their own authority (`manage.py create_api_key`, the demo's set-up,
+    the benchmarks); the holder is emailed of every new key."""
+    if limits.get("spend_limit_micros") is None and not by_operator:
+        security.require_strong_account(user, UNLIMITED_ACTION)
     issued = secret_issue(KIND)
-    row = ApiKey.objects.create(user=user, name=name, prefix=issued.prefix,
-                                digest=issued.digest, **limits)
+    with transaction.atomic():
+        row = ApiKey.objects.create(user=user, name=name, prefix=issued.prefix,
+                                    digest=issued.digest, **limits)
+        security.security_email_on_commit(
+            user, "new_api_key", {"key_name": row.name, "key_prefix": f"rs_{row.prefix}_",
+                                  "spend_limit": None if row.spend_limit_micros is None
+                                  else format_usd(row.spend_limit_micros)})
     return row, issued.token
 
 
 def api_key_update(*, user, key_id: int, **fields) -> ApiKey:
     with transaction.atomic():
         row = ApiKey.objects.select_for_update().get(pk=key_id, user=user)
+        if ("spend_limit_micros" in fields and fields["spend_limit_micros"] is None
+                and row.spend_limit_micros is not None):
+            security.require_strong_account(user, "remove a key's spend limit")
         for name, value in fields.items():
             setattr(row, name, value)
         row.save()

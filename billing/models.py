@@ -63,6 +63,7 @@ class Transfer(models.Model):
         RENTAL = "rental"
         PAYOUT = "payout"
         REVERSAL = "reversal"  # a refund or a dispute takes a purchase back
+        FORFEIT = "forfeit"  # credit left behind by a closed account
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     idempotency_key = models.CharField(max_length=200, unique=True)

@@ -9,8 +9,18 @@ from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from billing import ledger
-from billing.models import Account, ApiKey, Charge, Entry, KeySpend, Payment, Payout
+from billing import ledger, pricing
+from billing.models import (
+    Account,
+    ApiKey,
+    Charge,
+    Entry,
+    KeySpend,
+    ModelPrice,
+    Payment,
+    Payout,
+    PayoutDestination,
+)
 
 
 def ledger_problems() -> list[str]:
@@ -183,3 +193,68 @@ def user_statement(user_id: int, *, limit: int, before: str = "") -> list[Statem
                 created_at = timezone.make_aware(created_at, UTC)
         lines.append(StatementLine(row[0], created_at, *row[2:9], bool(row[9]), row[10]))
     return lines
+
+
+# --- the account holder's own data (download, closure) ---
+
+def personal_data(user_id: int) -> dict:
+    """What billing holds about a person, for their data download: plain JSON values,
+    amounts in micro-dollars as the ledger keeps them. Secrets are never in it (keys are
+    stored as a prefix and an HMAC); a payout destination is masked as the pages show it."""
+    def when(value):
+        return value.isoformat() if value else None
+
+    entries = (Entry.objects.filter(account__owner_id=user_id)
+               .select_related("transfer", "account").order_by("transfer_id", "id"))
+    return {
+        "balances_micros": user_balances(user_id),
+        "ledger_entries": [
+            {"transfer": e.transfer_id, "kind": e.transfer.kind, "account": e.account.kind,
+             "amount_micros": e.amount_micros, "reference": e.transfer.reference,
+             "memo": e.transfer.memo, "at": when(e.transfer.created_at)} for e in entries],
+        "payments": [
+            {"id": p.pk, "amount_micros": p.amount_micros, "status": p.status,
+             "created_at": when(p.created_at)} for p in payments_of(user_id)],
+        "payouts": [
+            {"id": p.pk, "amount_micros": p.amount_micros, "status": p.status,
+             "requested_at": when(p.requested_at), "decided_at": when(p.decided_at)}
+            for p in payouts_of(user_id)],
+        "payout_destination": next(
+            (d.masked() for d in PayoutDestination.objects.filter(provider_id=user_id)), None),
+        "api_keys": [
+            {"name": k.name, "prefix": f"rs_{k.prefix}_", "created_at": when(k.created_at),
+             "last_used_at": when(k.last_used_at), "revoked_at": when(k.revoked_at),
+             "spend_limit_micros": k.spend_limit_micros, "spend_period": k.spend_period,
+             "allowed_models": k.allowed_models}
+            for k in ApiKey.objects.filter(user_id=user_id).order_by("created_at", "id")],
+        "usage_by_day": [
+            dict(row, day=row["day"].isoformat()) for row in usage_by_day_and_model(
+                user_id, since=datetime(2000, 1, 1, tzinfo=UTC))],
+    }
+
+
+def closure_problems(user_id: int) -> list[str]:
+    """Why billing cannot let the account close yet: money in motion or owed to its holder.
+    Credit left in the wallet is not a problem here: its holder may give it up."""
+    problems = []
+    balances = user_balances(user_id)
+    if balances[Account.Kind.HOLDS] > 0:
+        problems.append("Requests of yours are still in flight; try again in a minute.")
+    if pending_payouts_micros(user_id):
+        problems.append("A payout you requested awaits review.")
+    if balances[Account.Kind.EARNINGS] > 0:
+        problems.append(f"You have {pricing.format_usd(balances[Account.Kind.EARNINGS])} of "
+                        "unpaid earnings: request a payout first.")
+    return problems
+
+
+def model_prices_now(models, *, now: datetime | None = None) -> dict[str, ModelPrice]:
+    """The price in force now of each of these public model names that has one: the latest
+    row whose effective_at has come (a request pays the price in force when it starts). One
+    query."""
+    now = now or timezone.now()
+    found: dict[str, ModelPrice] = {}
+    for row in (ModelPrice.objects.filter(model__in=list(models), effective_at__lte=now)
+                .order_by("model", "-effective_at")):
+        found.setdefault(row.model, row)
+    return found

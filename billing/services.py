@@ -14,10 +14,19 @@ from stdnum import bic as stdnum_bic
 from stdnum import exceptions as stdnum_exceptions
 from stdnum import iban as stdnum_iban
 
+from accounts import security
 from billing import gateway as gw
-from billing import ledger, pricing
+from billing import keys, ledger, pricing
 from billing.gateway import GatewayError, get_gateway
-from billing.models import Account, GatewayEvent, Payment, Payout, PayoutDestination, Transfer
+from billing.models import (
+    Account,
+    ApiKey,
+    GatewayEvent,
+    Payment,
+    Payout,
+    PayoutDestination,
+    Transfer,
+)
 
 
 class BillingError(Exception):
@@ -200,6 +209,36 @@ def credits_grant(*, user, amount_micros: int, idempotency_key: str, memo: str =
         reference=f"user:{user.pk}", memo=memo[:200]).transfer_id
 
 
+def wallet_forfeit(*, user, idempotency_key: str, memo: str = "") -> int:
+    """The holder gives up the credit left in their wallet (closing their account): it becomes
+    the platform's, in a transfer of its own, so the ledger still balances and says why.
+    Returns the amount moved."""
+    with transaction.atomic():
+        wallet = Account.objects.select_for_update().filter(
+            kind=Account.Kind.WALLET, owner=user).first()
+        amount = wallet.balance_micros if wallet else 0
+        if amount <= 0:
+            return 0
+        ledger.post(kind=Transfer.Kind.FORFEIT, idempotency_key=idempotency_key,
+                    legs=[(wallet.pk, -amount),
+                          (ledger.account_id(Account.Kind.PLATFORM_REVENUE), amount)],
+                    reference=f"user:{user.pk}", memo=memo[:200])
+    return amount
+
+
+def account_close_billing(*, user) -> int:
+    """What billing does when its holder closes an account: every API key stops, the payout
+    destination (bank details) is deleted, and the credit left is given up. The ledger, the
+    payments and the payouts stay as they are: they are the platform's books. Returns the
+    credit given up."""
+    for key_id in ApiKey.objects.filter(user=user, revoked_at__isnull=True).values_list(
+            "pk", flat=True):
+        keys.api_key_revoke(user=user, key_id=key_id)
+    PayoutDestination.objects.filter(provider=user).delete()
+    return wallet_forfeit(user=user, idempotency_key=f"close:{user.pk}",
+                          memo="credit given up when the account closed")
+
+
 # --- paying for time on a provider's card ---
 
 @dataclass(frozen=True)
@@ -241,7 +280,9 @@ def payout_destination_set(*, provider, method: str, holder_name: str, iban: str
                            bic: str = "", paypal_email: str = "",
                            now: datetime | None = None) -> PayoutDestination:
     """Set where the provider's payouts go, checked: an IBAN and a BIC by their check digits
-    and format, a PayPal address as an address. Payouts already requested keep theirs."""
+    and format, a PayPal address as an address. Payouts already requested keep theirs. Needs
+    a verified email and two-factor: a leaked password must not redirect the earnings."""
+    security.require_strong_account(provider, "change where payouts go")
     holder_name = holder_name.strip()
     if not holder_name:
         raise InvalidDestination("Say whose account it is.", "holder_name")
@@ -264,12 +305,16 @@ def payout_destination_set(*, provider, method: str, holder_name: str, iban: str
         fields["paypal_email"] = paypal_email.strip()
     else:
         raise InvalidDestination("Choose a bank transfer or PayPal.", "method")
-    destination, _ = PayoutDestination.objects.update_or_create(provider=provider,
-                                                                defaults=fields)
+    with transaction.atomic():
+        destination, _ = PayoutDestination.objects.update_or_create(provider=provider,
+                                                                    defaults=fields)
+        security.security_email_on_commit(
+            provider, "payout_destination", {"destination": destination.masked()})
     return destination
 
 
 def payout_request(*, provider, amount_micros: int) -> Payout:
+    security.require_strong_account(provider, "request a payout")
     destination = PayoutDestination.objects.filter(provider=provider).first()
     if destination is None:
         raise BillingError("Set where to pay you first.")
@@ -284,8 +329,12 @@ def payout_request(*, provider, amount_micros: int) -> Payout:
                       .values_list("amount_micros", flat=True))
         if amount_micros + pending > ledger.balance(Account.Kind.EARNINGS, provider.pk):
             raise BillingError("You cannot request more than your unpaid earnings.")
-        return Payout.objects.create(provider=provider, amount_micros=amount_micros,
-                                     destination=destination.full())
+        payout = Payout.objects.create(provider=provider, amount_micros=amount_micros,
+                                       destination=destination.full())
+        security.security_email_on_commit(
+            provider, "payout_requested", {"amount": pricing.format_usd(amount_micros),
+                                           "destination": destination.masked()})
+        return payout
 
 
 def payout_decide(*, payout_id: int, operator, approve: bool,

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts import security
 from billing import charts, keys, metering, selectors, services
 from billing.forms import ApiKeyForm, PayoutDestinationForm, PayoutRequestForm, TopUpForm
 from billing.gateway import (
@@ -50,7 +51,7 @@ def overview(request):
                 user=request.user, amount_micros=form.amount_micros(),
                 card_number=form.cleaned_data.get("card_number", ""), idempotency_key=key,
                 return_url=request.build_absolute_uri(reverse("billing:overview")))
-        except services.BillingError as exc:
+        except (services.BillingError, security.NeedsStrongerAccount) as exc:
             form.add_error("amount", str(exc))
         else:
             if payment.user_id != request.user.pk:
@@ -190,8 +191,12 @@ def api_keys(request):
     form = ApiKeyForm(request.POST or None)
     new_key = new_token = None
     if request.method == "POST" and form.is_valid():
-        new_key, new_token = keys.api_key_create(user=request.user, **form.key_fields())
-        form = ApiKeyForm()
+        try:
+            new_key, new_token = keys.api_key_create(user=request.user, **form.key_fields())
+        except security.NeedsStrongerAccount as exc:
+            form.add_error("spend_limit", str(exc))
+        else:
+            form = ApiKeyForm()
     rows = list(selectors.api_keys_of(request.user.pk))
     now = timezone.now()
     for row in rows:
@@ -201,6 +206,8 @@ def api_keys(request):
     # The token exists only in this response: a reload cannot show it again.
     return render(request, "billing/api_keys.html", {
         "form": form, "keys": rows, "new_key": new_key, "new_token": new_token,
+        "unlimited_problem": security.strong_account_problem(request.user,
+                                                             keys.UNLIMITED_ACTION),
     })
 
 
@@ -209,7 +216,11 @@ def api_key_edit(request, key_id: int):
     key = get_object_or_404(ApiKey, pk=key_id, user=request.user, revoked_at__isnull=True)
     form = ApiKeyForm(request.POST or None, initial=ApiKeyForm.initial_for(key))
     if request.method == "POST" and form.is_valid():
-        keys.api_key_update(user=request.user, key_id=key.pk, **form.key_fields())
+        try:
+            keys.api_key_update(user=request.user, key_id=key.pk, **form.key_fields())
+        except security.NeedsStrongerAccount as exc:
+            form.add_error("spend_limit", str(exc))
+            return render(request, "billing/api_key_edit.html", {"key": key, "form": form})
         messages.success(request, f"Key “{form.cleaned_data['name']}” updated.")
         return redirect("billing:api_keys")
     return render(request, "billing/api_key_edit.html", {"key": key, "form": form})
@@ -267,7 +278,7 @@ def payouts(request):
         try:
             payout = services.payout_request(provider=request.user,
                                              amount_micros=form.amount_micros())
-        except services.BillingError as exc:
+        except (services.BillingError, security.NeedsStrongerAccount) as exc:
             form.add_error("amount", str(exc))
         else:
             messages.success(request, f"Payout of {format_usd(payout.amount_micros)} requested: "
@@ -281,10 +292,12 @@ def payouts(request):
         "available_micros": max(earnings - pending, 0),
         "min_payout_micros": settings.RIGSHARE_MIN_PAYOUT_MICROS,
         "payouts": selectors.payouts_of(request.user.pk)[:100],
+        "account_problem": security.strong_account_problem(request.user, "request a payout"),
     })
 
 
 @login_required
+@security.strong_account_required("change where payouts go")
 def payout_destination(request):
     current = PayoutDestination.objects.filter(provider=request.user).first()
     initial = {} if current is None else {
@@ -299,6 +312,8 @@ def payout_destination(request):
                 iban=data["iban"], bic=data["bic"], paypal_email=data["paypal_email"])
         except services.InvalidDestination as exc:
             form.add_error(exc.field, str(exc))
+        except security.NeedsStrongerAccount as exc:  # lost the proof since the page loaded
+            form.add_error(None, str(exc))
         else:
             messages.success(request, f"Payouts will go by {destination.masked()}.")
             return redirect("billing:payouts")

@@ -24,7 +24,8 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "t
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # The admin site, open only to staff who log in with a second factor (accounts/admin_site.py).
+    "accounts.apps.AdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -35,6 +36,12 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "axes",
+    # Sign-up, email verification, log-in, password reset and change, email addresses,
+    # two-factor (TOTP and recovery codes) and the list of one's sessions.
+    "allauth",
+    "allauth.account",
+    "allauth.mfa",
+    "allauth.usersessions",
     "accounts",
     "billing",
     "marketplace",
@@ -51,6 +58,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "allauth.account.middleware.AccountMiddleware",
+    # Remembers the browsers a user has logged in from, to tell them of a new one.
+    "accounts.middleware.DeviceCookieMiddleware",
     # Last, as django-axes asks: it answers a locked-out log-in.
     "axes.middleware.AxesMiddleware",
 ]
@@ -128,13 +138,15 @@ CELERY_TIMEZONE = "UTC"
 
 AUTH_USER_MODEL = "accounts.User"
 # django-axes counts failed log-ins per (email, address) and locks that pair out for a while;
-# the standalone backend must come first.
+# the standalone backend must come first. allauth's backend logs in by email address.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend",
+                           "allauth.account.auth_backends.AuthenticationBackend",
                            "django.contrib.auth.backends.ModelBackend"]
 AXES_FAILURE_LIMIT = env_int("RIGSHARE_LOGIN_FAILURE_LIMIT", 10, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("RIGSHARE_LOGIN_COOLOFF_MIN", 15, minimum=1))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
-AXES_USERNAME_FORM_FIELD = "username"  # the log-in form's field (its value is the email)
+# The email being tried, from allauth's credentials or its log-in form's "login" field.
+AXES_USERNAME_CALLABLE = "accounts.security.axes_username"
 AXES_VERBOSE = False
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "accounts/locked_out.html"
@@ -142,12 +154,43 @@ AXES_LOCKOUT_TEMPLATE = "accounts/locked_out.html"
 AXES_IPWARE_PROXY_COUNT = env_int("RIGSHARE_TRUSTED_PROXIES", 0, minimum=0) or None
 AXES_IPWARE_META_PRECEDENCE_ORDER = (["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"]
                                      if AXES_IPWARE_PROXY_COUNT else ["REMOTE_ADDR"])
+
+# Accounts (django-allauth): log in by email; sign-up logs in at once and sends a verification
+# email. An unverified address may browse and rent; payouts and API keys without a spend limit
+# need a verified address and two-factor authentication (accounts/security.py).
+ACCOUNT_FORMS = {"signup": "accounts.forms.SignUpForm", "login": "accounts.forms.LoginForm"}
+ACCOUNT_USER_MODEL_USERNAME_FIELD = None
+ACCOUNT_LOGIN_METHODS = {"email"}
+ACCOUNT_SIGNUP_FIELDS = ["email*", "password1*", "password2*"]
+ACCOUNT_UNIQUE_EMAIL = True
+ACCOUNT_EMAIL_VERIFICATION = "optional"
+ACCOUNT_CONFIRM_EMAIL_ON_GET = False  # a link opens a page with a button: scanners click nothing
+ACCOUNT_EMAIL_CONFIRMATION_EXPIRE_DAYS = 3
+ACCOUNT_LOGIN_ON_EMAIL_CONFIRMATION = False
+ACCOUNT_LOGIN_ON_PASSWORD_RESET = False  # a reset never logs in: the log-in asks the code
+ACCOUNT_LOGOUT_ON_GET = False
+ACCOUNT_SESSION_REMEMBER = True  # sessions last as Django's do; "log out everywhere" ends them
+ACCOUNT_PREVENT_ENUMERATION = True
+ACCOUNT_EMAIL_NOTIFICATIONS = True  # password, email and two-factor changes are emailed
+ACCOUNT_EMAIL_SUBJECT_PREFIX = "[Rigshare] "
+ACCOUNT_DEFAULT_HTTP_PROTOCOL = "https" if RIGSHARE_PRODUCTION else "http"
+ACCOUNT_MAX_EMAIL_ADDRESSES = 5
+# allauth's own limits stay on (kept in the cache): among them, failed log-ins and failed
+# second-factor codes, 5 per 5 minutes per account and 10 a minute per address, so a 6-digit
+# code cannot be guessed. django-axes (above) locks an (email, address) pair out for longer.
+ACCOUNT_RATE_LIMITS: dict = {}
+MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
+MFA_TOTP_ISSUER = "Rigshare"
+MFA_RECOVERY_CODE_COUNT = 10
+# A session is recorded when it logs in (address, browser); tracking every request's time
+# would write to the database on every page.
+USERSESSIONS_TRACK_ACTIVITY = False
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
-LOGIN_URL = "accounts:login"
+LOGIN_URL = "account_login"
 LOGIN_REDIRECT_URL = "marketplace:catalog"
 LOGOUT_REDIRECT_URL = "marketplace:catalog"
 
@@ -215,7 +258,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 # Bearer token Prometheus sends to /metrics; unset, only this machine may scrape.
 RIGSHARE_METRICS_TOKEN = env_str("RIGSHARE_METRICS_TOKEN", "")
 
-# Email (provider alerts): printed to the console unless an SMTP server is configured.
+# Email (verification, password reset, security notices, provider alerts): printed to the console unless an SMTP server is configured.
 EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1)
@@ -277,6 +320,9 @@ if RIGSHARE_PRODUCTION:
             (not REDIS_URL, "REDIS_URL must be set (cache, rate limits, Celery)"),
             (DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
              "DATABASE_URL must name PostgreSQL"),
+            # Verification links, password resets and security notices must reach people.
+            (EMAIL_BACKEND.rsplit(".", 2)[-2] in ("console", "locmem", "dummy", "filebased"),
+             "EMAIL_BACKEND must send mail (SMTP: django.core.mail.backends.smtp.EmailBackend)"),
         ) if failed]
     if _problems:
         raise ImproperlyConfigured("Refusing to start in production (RIGSHARE_PRODUCTION=1): "

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--base-port", type=_port, metavar="PORT",
                     help="the first machine's engine port; the next ones follow (default: "
                          "free ports the system picks)")
+    up.add_argument("--agent-engines", type=_csv, default=[], metavar="KEY[,KEY...]",
+                    help="the machines of these profiles have their agent run their engine, "
+                         "as its child (`python -m agent run --engine-command ...`)")
     _time_scale_argument(up)
     up.set_defaults(command=cmd_up)
 
@@ -129,8 +132,12 @@ def cmd_up(args) -> int:
     from fleetsim.fleet import FleetError, plan_machines, run_fleet
 
     try:
+        unknown = sorted(set(args.agent_engines) - set(PROFILES))
+        if unknown:
+            raise FleetError(f"--agent-engines: unknown fleetsim profile {unknown[0]!r}")
         machines = plan_machines(args.profiles, args.tokens, args.state_dir.resolve(),
-                                 args.base_port, platform=args.platform)
+                                 args.base_port, platform=args.platform,
+                                 agent_engines=frozenset(args.agent_engines))
         asyncio.run(run_fleet(args.platform, machines, time_scale=args.time_scale))
     except FleetError as exc:
         print(f"fleetsim: {exc}", file=sys.stderr, flush=True)
@@ -142,8 +149,19 @@ def cmd_agent(args) -> int:
     from agent.cli import main as agent_main
     from fleetsim.machine import SimulatedMachine
 
-    machine = SimulatedMachine(args.profile, args.machine_id)
+    machine = SimulatedMachine(args.profile, args.machine_id,
+                               engine_url=_option(args.agent_args, "--engine-url"))
     return agent_main(args.agent_args, machine=machine)
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of `name` among the agent's own arguments (`NAME VALUE` or `NAME=VALUE`)."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 if __name__ == "__main__":

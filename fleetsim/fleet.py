@@ -2,7 +2,9 @@
 
 All engine servers share one uvicorn server and one event loop (one listening socket per
 machine, dispatched on the local port), so a demo fleet costs one small Python process plus
-one agent process per machine.
+one agent process per machine. A machine whose profile is in `agent_engines` is the exception:
+its agent runs its engine as its own child (`--engine-command "python -m fleetsim serve ..."`,
+docs/agent-protocol.md section 4), as a provider who lets the agent run the engine would.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -26,6 +29,8 @@ from fleetsim.server import EngineServer
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # How long an agent gets to stop after SIGTERM before it is killed.
 AGENT_STOP_TIMEOUT_S = 5.0
+# How long an agent that runs its engine gives it to stop, within AGENT_STOP_TIMEOUT_S.
+ENGINE_STOP_TIMEOUT_S = 2.0
 # How long requests in flight (a verification load test's streams) may hold up the stop.
 SERVER_STOP_TIMEOUT_S = 2
 
@@ -41,6 +46,7 @@ class Machine:
     port: int | None  # None: a free port, picked when the fleet binds it
     credential_file: Path
     token: str | None
+    own_engine: bool = False  # the agent runs the engine as its child
 
     @property
     def engine_url(self) -> str:
@@ -48,9 +54,11 @@ class Machine:
 
 
 def plan_machines(profile_keys: list[str], tokens: list[str], state_dir: Path,
-                  base_port: int | None, *, platform: str | None = None) -> list[Machine]:
+                  base_port: int | None, *, platform: str | None = None,
+                  agent_engines: frozenset[str] = frozenset()) -> list[Machine]:
     """One machine per profile key, ids like `h200-1`, `h200-2`; one token each, except that a
     machine whose credential file exists is already enrolled (restarting keeps the node).
+    Machines of the profiles in `agent_engines` have their agent run their engine.
     Engine ports run from `base_port`, or are left to the system (free ones) when it is None;
     a run of ports that holds the platform's own is refused."""
     if base_port is not None:
@@ -72,7 +80,7 @@ def plan_machines(profile_keys: list[str], tokens: list[str], state_dir: Path,
             raise FleetError(exc.args[0]) from None
         port = None if base_port is None else base_port + i
         machines.append(Machine(machine_id, profile, port, state_dir / f"{machine_id}.json",
-                                None))
+                                None, own_engine=key in agent_engines))
     all_enrolled = all(m.credential_file.exists() for m in machines)
     if (tokens and len(tokens) != len(machines)) or (not tokens and not all_enrolled):
         raise FleetError(
@@ -166,19 +174,27 @@ def _node_id(machine: Machine):
         return None
 
 
-def agent_run_args(machine: Machine) -> list[str]:
+def agent_run_args(machine: Machine, time_scale: float = 1.0) -> list[str]:
     """`python -m agent run`'s arguments for `machine`. The simulated engines say their kind
-    and context; vLLM never says its quantization, so the agent is told, as a provider would."""
-    return ["run", "--engine-url", machine.engine_url,
+    and context; vLLM never says its quantization, so the agent is told, as a provider would.
+    A machine whose agent runs its engine gets the command that starts it."""
+    args = ["run", "--engine-url", machine.engine_url,
             "--credential-file", str(machine.credential_file),
             "--quantization", machine.profile.quantization]
+    if machine.own_engine:
+        args += ["--engine-command", shlex.join([
+            sys.executable, "-m", "fleetsim", "serve", "--profile", machine.profile.key,
+            "--port", str(machine.port), "--time-scale", f"{time_scale:g}"]),
+            "--state-dir", str(machine.credential_file.with_suffix(".engine")),
+            "--stop-timeout", f"{ENGINE_STOP_TIMEOUT_S:g}"]
+    return args
 
 
-async def _start_agent(machine: Machine) -> asyncio.subprocess.Process:
+async def _start_agent(machine: Machine, time_scale: float) -> asyncio.subprocess.Process:
     # The real agent, handed the simulated machine (fleetsim/machine.py).
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "fleetsim", "agent", "--profile", machine.profile.key,
-        "--machine-id", machine.machine_id, *agent_run_args(machine),
+        "--machine-id", machine.machine_id, *agent_run_args(machine, time_scale),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_agent_env())
 
 
@@ -213,7 +229,13 @@ async def run_fleet(platform: str, machines: list[Machine], *, time_scale: float
         for sock in sockets:
             sock.close()
         raise
-    apps = {m.port: EngineServer(m.profile, time_scale=time_scale) for m in machines}
+    # An engine the agent runs binds its port itself: the port is only picked here.
+    for m, sock in zip(machines, list(sockets), strict=True):
+        if m.own_engine and with_agents:
+            sock.close()
+            sockets.remove(sock)
+    apps = {m.port: EngineServer(m.profile, time_scale=time_scale) for m in machines
+            if not (m.own_engine and with_agents)}
     server = _Server(uvicorn.Config(_PortRouter(apps), log_level="warning", lifespan="off",
                                     timeout_graceful_shutdown=SERVER_STOP_TIMEOUT_S))
     serving = asyncio.create_task(server.serve(sockets=sockets))
@@ -238,12 +260,14 @@ async def run_fleet(platform: str, machines: list[Machine], *, time_scale: float
                     raise result
         for m in machines:
             if with_agents:
-                proc = await _start_agent(m)
+                proc = await _start_agent(m, time_scale)
                 agents.append(proc)
                 pipes.append(asyncio.create_task(_follow(proc, f"[{m.machine_id}]", stop)))
             node = _node_id(m) if with_agents else None
             print(f"{m.machine_id:<24} {m.profile.key:<22} {m.engine_url}  "
-                  f"node {node if node is not None else '-'}", flush=True)
+                  f"node {node if node is not None else '-'}"
+                  f"{'  (engine run by its agent)' if m.own_engine and with_agents else ''}",
+                  flush=True)
         if ready is not None:
             ready.set()
         stopping = asyncio.create_task(stop.wait())

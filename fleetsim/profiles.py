@@ -68,6 +68,9 @@ class Card:
     bandwidth_efficiency: float | None
     matmul_efficiency: float | None
     reserved_mib: int = 512  # memory taken before the VRAM test runs (CUDA context)
+    # What NVML reads with the model loaded and nothing running (W): OUR ESTIMATE, from what
+    # such cards commonly read idle with a driver loaded; None where NVML reads nothing (Mac).
+    idle_power_w: int | None = None
 
 
 _CARD_NOTE = (
@@ -87,32 +90,32 @@ CARDS: dict[str, Card] = {
         sm_count=82, memory_mib=24_576,  # nvidia-smi's usual reading; not in FACTS.md
         bus_width_bits=384, max_memory_clock_mhz=9_751, sm_clock_mhz=1_695, l2_mb=6,
         bandwidth_gbs=936, bf16_tflops=71, pcie_gen=4, power_w=350, ecc_mode=None,
-        has_serial=False, bandwidth_efficiency=0.92, matmul_efficiency=0.87),
+        has_serial=False, bandwidth_efficiency=0.92, matmul_efficiency=0.87, idle_power_w=25),
     "rtx-4090": Card(
         name="NVIDIA GeForce RTX 4090", architecture="ada", compute_capability="8.9",
         sm_count=128, memory_mib=24_564, bus_width_bits=384, max_memory_clock_mhz=10_501,
         sm_clock_mhz=2_520, l2_mb=72, bandwidth_gbs=1_008, bf16_tflops=165, pcie_gen=4,
         power_w=450, ecc_mode=None, has_serial=False, bandwidth_efficiency=0.90,
-        matmul_efficiency=0.82),
+        matmul_efficiency=0.82, idle_power_w=25),
     "rtx-5090": Card(
         name="NVIDIA GeForce RTX 5090", architecture="blackwell", compute_capability="12.0",
         sm_count=170, memory_mib=32 * 1024, bus_width_bits=512, max_memory_clock_mhz=14_001,
         sm_clock_mhz=2_407, l2_mb=96, bandwidth_gbs=1_792, bf16_tflops=209, pcie_gen=5,
         power_w=575, ecc_mode=None, has_serial=False, bandwidth_efficiency=0.90,
-        matmul_efficiency=0.80),
+        matmul_efficiency=0.80, idle_power_w=30),
     "rtx-pro-6000": Card(
         name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", architecture="blackwell",
         compute_capability="12.0", sm_count=188, memory_mib=96 * 1024, bus_width_bits=512,
         max_memory_clock_mhz=14_001, sm_clock_mhz=2_617, l2_mb=128, bandwidth_gbs=1_792,
         # ESTIMATE: no dense BF16 figure is published; the 5090's 209 scaled by SMs (188/170).
         bf16_tflops=231, pcie_gen=5, power_w=600, ecc_mode=1, has_serial=True,
-        bandwidth_efficiency=0.90, matmul_efficiency=0.80),
+        bandwidth_efficiency=0.90, matmul_efficiency=0.80, idle_power_w=35),
     "h200": Card(
         name="NVIDIA H200", architecture="hopper", compute_capability="9.0", sm_count=132,
         memory_mib=143_771, bus_width_bits=6_144, max_memory_clock_mhz=3_201,
         sm_clock_mhz=1_980, l2_mb=50, bandwidth_gbs=4_800, bf16_tflops=989, pcie_gen=5,
         power_w=700, ecc_mode=1, has_serial=True, bandwidth_efficiency=0.875,
-        matmul_efficiency=0.78),
+        matmul_efficiency=0.78, idle_power_w=80),
     "m4-max": Card(
         # No CUDA and no NVML on a Mac: the probes answer "no GPU" (see simulated_probe_results).
         name="Apple M4 Max", architecture=None, compute_capability=None, sm_count=None,
@@ -780,6 +783,31 @@ def get_profile(key: str) -> Profile:
         raise KeyError(f"unknown fleetsim profile {key!r}; known profiles: {known}") from None
 
 
+# --- power draw ----------------------------------------------------------------------------
+
+# A busy GPU runs close to its power limit: OUR ESTIMATE is 90% of it at the profile's highest
+# measured load. Any work at all raises the clocks and streams the weights from memory, so half
+# the way up from idle comes with the first request; the other half grows with the share of
+# that top throughput the load reaches. The limits are FACTS.md's spec table's (RTX 4090
+# 450 W, RTX 5090 575 W, RTX PRO 6000 600 W, H200 700 W, RTX 3090 350 W), or the cap a liar
+# set (liar-power-capped 250 W, liar-h200-300w 300 W).
+LOADED_POWER_SHARE = 0.9
+
+
+def power_draw_w(profile: Profile, running: int) -> int | None:
+    """What each GPU of the machine draws (W, as NVML would read it) with `running` requests
+    in the engine's batch; None where NVML reads no power (the Mac)."""
+    card = CARDS[profile.card]
+    limit = profile.faults.power_limit_w or card.power_w
+    if card.idle_power_w is None or limit is None:
+        return None
+    if running <= 0:
+        return card.idle_power_w
+    busy = LOADED_POWER_SHARE * limit
+    share = min(1.0, profile.aggregate_tps(running) / profile.throughput[-1][1])
+    return round(card.idle_power_w + (busy - card.idle_power_w) * (0.5 + 0.5 * share))
+
+
 def gpu_uuid(machine_id: str, index: int) -> str:
     """NVML-style GPU UUID, deterministic per (machine id, GPU index)."""
     return f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{machine_id}/{index}')}"
@@ -899,6 +927,7 @@ def _probe_gpu(p: Profile, machine_id: str, index: int, params: dict) -> dict:
             "pcie_width_max": p.pcie_width_max,
             "power_limit_w": p.power_limit_w,
             "power_default_limit_w": f.nvml_power_default_w or card.power_w,
+            "power_draw_w": power_draw_w(p, 0),  # the probes read it on an idle engine
             "virtualization_mode": 0,
             "ecc_mode": card.ecc_mode,
             "ecc_errors": 0 if card.ecc_mode is not None else None,

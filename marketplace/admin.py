@@ -1,9 +1,11 @@
+from django import forms
 from django.contrib import admin
 
 from billing.admin import ReadOnlyAdmin
-from marketplace import services
+from marketplace import engine_config, selectors, services
 from marketplace.models import (
     Card,
+    EngineOverride,
     EnrolmentToken,
     Listing,
     Node,
@@ -46,8 +48,22 @@ class NodeAdmin(admin.ModelAdmin):
                        "agent_version", "driver_version", "cuda_version", "has_nvidia",
                        "simulated", "engine_url", "engine_reachable", "engine_models",
                        "engine_error", "hardware_changed_at", "status", "status_changed_at",
-                       "last_heartbeat_at", "reliability_pct", "created_at", "uuid_conflict")
+                       "last_heartbeat_at", "reliability_pct", "created_at", "uuid_conflict",
+                       "engine_state", "engine_state_since", "engine_process",
+                       "engine_ready_digest", "engine_restarts_requested",
+                       "engine_restart_requested_at", "engine_key_fingerprint",
+                       "engine_key_enforced")
+    # The sealed engine keys are nobody's to read or type: a rotation issues a new one.
+    exclude = ("engine_key_sealed", "engine_key_next")
     inlines = [CardInline]
+    actions = ["rotate_engine_keys"]
+
+    @admin.action(description="Rotate the engine key (the agent restarts the engine with it)")
+    def rotate_engine_keys(self, request, queryset):
+        rotated = sum(services.node_engine_key_rotate(node_id=pk)
+                      for pk in queryset.values_list("pk", flat=True))
+        self.message_user(request, f"New engine key issued to {rotated} machine(s); each "
+                                   "agent drains its engine and restarts it with the key.")
 
     def has_add_permission(self, request):
         return False
@@ -104,6 +120,11 @@ class ListingAdmin(admin.ModelAdmin):
     list_select_related = ("card", "card__node")
     search_fields = ("card__name", "card__node__name")
     raw_id_fields = ("card",)
+    readonly_fields = ("cost_per_mtok_micros",)  # follows the price and the verified tok/s
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        services.listing_costs_refresh(card_ids=[obj.card_id])
 
 
 @admin.register(Rental)
@@ -145,3 +166,67 @@ class ProviderAlertAdmin(ReadOnlyAdmin):
     list_filter = ("kind",)
     search_fields = ("owner__email", "node__name")
     list_select_related = ("owner", "node", "card")
+
+
+class EngineOverrideAdminForm(forms.ModelForm):
+    """The same check as the machine page's form: a known flag, a value in range, and one the
+    node can still serve the model with."""
+
+    class Meta:
+        model = EngineOverride
+        fields = ("node", "flag", "value", "reason")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "flag" in self.fields:  # read-only once the row exists
+            self.fields["flag"] = forms.ChoiceField(
+                choices=[(flag, flag) for flag in engine_config.override_flags()])
+
+    def clean(self):
+        cleaned = super().clean()
+        existing = self.instance if self.instance.pk else None
+        node = cleaned.get("node") or (existing.node if existing else None)
+        flag = cleaned.get("flag") or (existing.flag if existing else None)
+        value = cleaned.get("value")
+        if not node or not flag or value is None:
+            return cleaned
+        engine = selectors.node_engine(node)
+        if not engine.inputs:
+            raise forms.ValidationError("The node's engine reports no model yet.")
+        others = {k: v for k, v in engine.override_map().items() if k != flag}
+        try:
+            engine_config.check_override(flag=flag, value=value, overrides=others,
+                                         **engine.inputs)
+        except engine_config.OverrideError as exc:
+            self.add_error("value", str(exc))
+        return cleaned
+
+
+@admin.register(EngineOverride)
+class EngineOverrideAdmin(admin.ModelAdmin):
+    """Staff set a node's engine flag here (its owner does on the machine page); saved and
+    deleted through the services, so the node's agent hears of it."""
+
+    form = EngineOverrideAdminForm
+    list_display = ("node", "flag", "value", "reason", "set_by", "set_at")
+    list_filter = ("flag",)
+    search_fields = ("node__name", "flag", "reason")
+    list_select_related = ("node", "set_by")
+    raw_id_fields = ("node",)
+    readonly_fields = ("set_by", "set_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        # A row is one flag of one node: another flag is another row.
+        return self.readonly_fields + (("node", "flag") if obj else ())
+
+    def save_model(self, request, obj, form, change):
+        row = services.engine_override_set(node_id=obj.node_id, flag=obj.flag, value=obj.value,
+                                           reason=obj.reason, set_by=request.user)
+        obj.pk, obj.value, obj.set_by, obj.set_at = row.pk, row.value, row.set_by, row.set_at
+
+    def delete_model(self, request, obj):
+        services.engine_override_clear(node_id=obj.node_id, flag=obj.flag)
+
+    def delete_queryset(self, request, queryset):
+        for row in list(queryset):
+            services.engine_override_clear(node_id=row.node_id, flag=row.flag)

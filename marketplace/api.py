@@ -15,7 +15,8 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 
 from marketplace import selectors, services
-from marketplace.filters import SORTS, CatalogFilterForm
+from marketplace.filters import KV_CACHE_CHOICES, QUANT_CHOICES, SORTS, CatalogFilterForm
+from marketplace.model_data import known_models
 from marketplace.models import EnrolmentToken, Listing, Node, Rental
 from marketplace.serializers import (
     CatalogCardSerializer,
@@ -45,7 +46,22 @@ CATALOG_PAGE_SIZE = 50
         _query("min_reliability", OpenApiTypes.DECIMAL, "At least this uptime (%, 0-100)."),
         _query("region", str, "This region only (any case)."),
         _query("verified", str, "`1`: verified cards only.", enum=["", "1"]),
-        _query("sort", str, "The order; by price if not given.", enum=["", *SORTS]),
+        _query("model", str, "With `context`: cards that run this model (an id such as "
+                             "`Qwen/Qwen3.5-27B`, any case) at that context, on their own: "
+                             "its weights and one sequence of `context` tokens fit the card's "
+                             "memory under its engine's rules (vLLM, or llama.cpp for GGUF "
+                             "weights). Known models: "
+                             + ", ".join(f"`{name}`" for name, _ in known_models()) + "."),
+        _query("context", int, "With `model`: the tokens of context one sequence needs "
+                               "(prompt and output), 1 up to the model's own limit."),
+        _query("quant", str, "With `model`: the weights' quantization; `bf16` if not given.",
+               enum=["", *dict(QUANT_CHOICES)]),
+        _query("kv_cache", str, "With `model`: the KV cache's type; the engine's 16-bit "
+                                "default if not given. `fp8` is vLLM's, `q8_0` and `q4_0` "
+                                "llama.cpp's.", enum=[key for key, _ in KV_CACHE_CHOICES]),
+        _query("sort", str, "The order; by price if not given. `cost`: by $ per 1M output "
+                            "tokens at full use (`cost_per_mtok_usd`), cards not measured "
+                            "yet last (first with `-cost`).", enum=["", *SORTS]),
         _query("cursor", str, "The page: a `next` or `previous` link's cursor, with the same "
                               "`sort`. The first page without it."),
     ],
@@ -55,7 +71,8 @@ CATALOG_PAGE_SIZE = 50
 ))
 class CatalogCardList(generics.GenericAPIView):
     """Cards for rent, with the catalog page's search and filters (`q`, `gpu`, `min_vram_gb`,
-    `max_price`, `min_reliability`, `region`, `verified=1`, `sort`), 50 a page. Pages are
+    `max_price`, `min_reliability`, `region`, `verified=1`, "runs `model` at `context`
+    tokens" with `quant` and `kv_cache`, `sort`), 50 a page. Pages are
     keyset pages: follow `next` and `previous`, whose cursors name the row a page starts
     after, so a page stays as fast at the end of the catalog as at its start."""
 
@@ -71,12 +88,14 @@ class CatalogCardList(generics.GenericAPIView):
                                       cursor=form.page_cursor(),
                                       size=CATALOG_PAGE_SIZE)
         url = request.build_absolute_uri()
+        prices = selectors.platform_prices({card.verified_model for card in page.cards})
         return Response({
             "count": page.count, "count_is_estimate": page.count_estimated,
             "next": page.next_cursor and replace_query_param(url, "cursor", page.next_cursor),
             "previous": page.previous_cursor and replace_query_param(url, "cursor",
                                                                      page.previous_cursor),
-            "results": self.get_serializer(page.cards, many=True).data,
+            "results": self.get_serializer(page.cards, many=True, context=dict(
+                self.get_serializer_context(), platform_prices=prices)).data,
         })
 
 
@@ -86,6 +105,12 @@ class CatalogCardDetail(generics.RetrieveAPIView):
 
     def get_queryset(self):
         return selectors.cards_for_catalog({})
+
+    def retrieve(self, request, *args, **kwargs):
+        card = self.get_object()
+        prices = selectors.platform_prices({card.verified_model})
+        return Response(self.get_serializer(card, context=dict(
+            self.get_serializer_context(), platform_prices=prices)).data)
 
 
 class RentalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,

@@ -50,7 +50,9 @@ FULL_EVERY_S = 600
 # What a report may change without being a new one: the PCIe link's current generation and
 # width move with load (the GPU saves power when idle), and a busy GPU would otherwise never
 # repeat its report. The full path stores them when anything else changes, or at FULL_EVERY_S.
-VOLATILE_GPU_FACTS = ("pcie_gen_current", "pcie_width_current")
+# A GPU's power draw moves the same way (agents send it only while the platform measures the
+# machine, and then take the full path, but a repeat must not turn new over a watt).
+VOLATILE_GPU_FACTS = ("pcie_gen_current", "pcie_width_current", "power_draw_w")
 # Free disk space moves with every log line and download, the same way.
 VOLATILE_HOST_FACTS = ("disk_free_gb",)
 GEN_TTL_S = 86_400  # a generation outlives any full heartbeat in flight by far

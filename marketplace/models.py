@@ -98,6 +98,29 @@ class Node(models.Model):
     # "quantization"}] as the heartbeat serializer validated it (docs/agent-protocol.md).
     engine_served = models.JSONField(default=list, blank=True)
     engine_error = models.CharField(max_length=256, blank=True)
+    # The engine as the agent's child (docs/agent-protocol.md, section 4): its state as the
+    # agent last said it ("" where the agent does not run the engine: the provider runs it),
+    # since when (the platform's clock), and the rest of what the agent said of it
+    # (`engine.supervisor` as validated: argv with the key masked, pid, exit code, log tail...).
+    engine_state = models.CharField(max_length=16, blank=True)
+    engine_state_since = models.DateTimeField(null=True, blank=True)
+    engine_process = models.JSONField(default=dict, blank=True)
+    # Which command the engine last became ready with (a digest of its argv): a different one
+    # is a new engine configuration, verified again.
+    engine_ready_digest = models.CharField(max_length=64, blank=True)
+    # Restarts the owner asked for: the heartbeat reply carries the count, and the agent
+    # restarts its engine when it grows past the one it has acted on.
+    engine_restarts_requested = models.PositiveIntegerField(default=0)
+    engine_restart_requested_at = models.DateTimeField(null=True, blank=True)
+    # The engine key (marketplace/engine_keys.py), sealed: `engine_key_sealed` is the one the
+    # platform sends the engine (the agent reported its engine runs with it), `engine_key_next`
+    # one issued to the agent that its engine does not run with yet (a new node's first key, a
+    # rotation). The platform never sends a key before the agent says its engine has it.
+    engine_key_sealed = models.TextField(blank=True)
+    engine_key_fingerprint = models.CharField(max_length=16, blank=True)
+    engine_key_next = models.TextField(blank=True)
+    # Whether the engine refused the platform's health check without the key (None: not known).
+    engine_key_enforced = models.BooleanField(null=True, blank=True)
     # What the catalog's search reads, kept by the database itself: the name and the served
     # models in capitals (migrations/0008 indexes its trigrams).
     search_text = models.GeneratedField(
@@ -147,6 +170,12 @@ class Node(models.Model):
     @property
     def is_online(self) -> bool:
         return self.status == self.Status.ONLINE
+
+    @property
+    def engine_takes_work(self) -> bool:
+        """The engine may be sent new requests: ready, or run by the provider (no state; then
+        whether it answers decides). Starting, loading, draining, crashed or stopped: not."""
+        return self.engine_state in ("", "ready")
 
     @property
     def held_out(self) -> bool:
@@ -256,6 +285,17 @@ class Card(models.Model):
     # it is judged against (null: not measured, or no spec).
     bandwidth_gbs = models.FloatField(null=True, blank=True)
     spec_bandwidth_gbs = models.PositiveIntegerField(null=True, blank=True)
+    # Written by verification with the figures above: output tokens/s of one request alone
+    # (this card's share of its engine, as verified_tokens_per_s), and the GPU's power draw
+    # (W, NVML) while idle and while serving verified_concurrency requests, from the
+    # heartbeats around and during the load test. The break-even calculator starts from them.
+    verified_single_tokens_per_s = models.FloatField(null=True, blank=True)
+    power_idle_w = models.FloatField(null=True, blank=True)
+    power_loaded_w = models.FloatField(null=True, blank=True)
+    # The latest power draw a heartbeat reported (W) and when: agents report it while the
+    # platform measures the machine (docs/agent-protocol.md, `report_power`).
+    power_draw_w = models.PositiveIntegerField(null=True, blank=True)
+    power_read_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["node_id", "index"]
@@ -295,6 +335,11 @@ class Card(models.Model):
         return round(self.memory_total_mib / 1024)
 
 
+# How the catalog's cost sort counts a card not verified yet: above any real cost, so that it
+# comes last from cheapest to dearest.
+UNKNOWN_COST = 2**62
+
+
 class Listing(models.Model):
     """The provider's offer for one card: whether it is for rent, its price, their claims."""
 
@@ -305,6 +350,10 @@ class Listing(models.Model):
     claimed_vram_gb = models.PositiveIntegerField(null=True, blank=True)
     description = models.TextField(blank=True, max_length=2000)
     updated_at = models.DateTimeField(auto_now=True)
+    # $ per 1M output tokens at full use: the price over the card's verified tokens/s
+    # (marketplace.costs.per_mtok_micros), null until verification measured it. Kept by
+    # services whenever either changes, so that the catalog can sort by it through an index.
+    cost_per_mtok_micros = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -318,6 +367,10 @@ class Listing(models.Model):
             # The catalog's price sort: listed cards by price, then card.
             models.Index(fields=["price_per_hour_micros", "card"], name="listing_catalog_price",
                          condition=Q(is_listed=True)),
+            # The catalog's cost sort (marketplace.filters.SORTS): an unknown cost last.
+            models.Index(Coalesce(F("cost_per_mtok_micros"), Value(UNKNOWN_COST),
+                                  output_field=models.BigIntegerField()), F("card"),
+                         name="listing_catalog_cost", condition=Q(is_listed=True)),
         ]
 
     def __str__(self):
@@ -395,3 +448,26 @@ class ProviderAlert(models.Model):
 
     def __str__(self):
         return f"{self.get_kind_display()}: {self.message}"
+
+
+class EngineOverride(models.Model):
+    """One flag of a node's engine command set by hand, on top of what the platform computes
+    (marketplace/engine_config.py). Set by the node's owner on their machine page or by staff
+    in the admin; the value is checked against the flag's range and the node's memory before
+    it is stored, and shown beside the computed value."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="engine_overrides")
+    flag = models.CharField(max_length=64)  # as on the command line: "--max-model-len"
+    value = models.CharField(max_length=256)
+    reason = models.CharField(max_length=300)
+    set_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                               on_delete=models.SET_NULL, related_name="+")
+    set_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node_id", "flag"]
+        constraints = [models.UniqueConstraint(fields=["node", "flag"],
+                                               name="engine_override_node_flag")]
+
+    def __str__(self):
+        return f"{self.flag} {self.value} on node #{self.node_id}"

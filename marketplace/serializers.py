@@ -30,6 +30,9 @@ class GpuReportSerializer(serializers.Serializer):
                                               required=False, default=None)
     power_limit_w = serializers.IntegerField(min_value=0, max_value=10_000, allow_null=True,
                                              required=False, default=None)
+    # Sent while the platform asks for it (the answer's `report_power`): the draw now, in W.
+    power_draw_w = serializers.IntegerField(min_value=0, max_value=10_000, allow_null=True,
+                                            required=False, default=None)
 
 
 class HostReportSerializer(serializers.Serializer):
@@ -58,6 +61,41 @@ class ServedModelSerializer(serializers.Serializer):
                                          default="")
 
 
+ENGINE_STATES = ("starting", "loading", "ready", "draining", "crashed", "stopped")
+
+
+class SupervisorReportSerializer(serializers.Serializer):
+    """The engine the agent runs as its child (docs/agent-protocol.md, section 4)."""
+
+    state = serializers.ChoiceField(choices=ENGINE_STATES)
+    mode = serializers.ChoiceField(choices=("platform", "command"))
+    # The model and weights' format the agent was asked to serve with the platform's
+    # configuration (`run --serve MODEL --quantization Q`); null for the provider's command.
+    model = serializers.CharField(max_length=256, allow_null=True, required=False, default=None)
+    quantization = serializers.CharField(max_length=64, allow_null=True, allow_blank=True,
+                                         required=False, default=None)
+    # As the engine was started, with its key masked: every word as it is, blank ones too.
+    argv = serializers.ListField(child=serializers.CharField(
+        max_length=1024, allow_blank=True, trim_whitespace=False), max_length=256,
+        required=False, default=list)
+    config_version = serializers.CharField(max_length=64, allow_null=True, required=False,
+                                           default=None)
+    pid = serializers.IntegerField(min_value=1, max_value=2**31 - 1, allow_null=True,
+                                   required=False, default=None)
+    # A signal's number negated (-9: SIGKILL), as Python's subprocess says it.
+    exit_code = serializers.IntegerField(min_value=-255, max_value=255, allow_null=True,
+                                         required=False, default=None)
+    restarts = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False,
+                                        default=0)
+    log_tail = serializers.ListField(child=serializers.CharField(
+        max_length=512, allow_blank=True, trim_whitespace=False), max_length=50,
+        required=False, default=list)
+    error = serializers.CharField(max_length=256, allow_null=True, allow_blank=True,
+                                  required=False, default=None)
+    restart_seen = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False,
+                                            default=0)
+
+
 class EngineReportSerializer(serializers.Serializer):
     url = serializers.CharField(max_length=256, allow_blank=True)
     reachable = serializers.BooleanField()
@@ -68,6 +106,13 @@ class EngineReportSerializer(serializers.Serializer):
                                    required=False, default=list)
     error = serializers.CharField(max_length=256, allow_null=True, allow_blank=True,
                                   required=False, default=None)
+    # Absent where the provider runs the engine themselves (and from older agents).
+    supervisor = SupervisorReportSerializer(required=False)
+    # Engine keys, by fingerprint (marketplace/engine_keys.py): the one the agent holds, and
+    # the one its engine runs with (null: none, or not known). Absent from older agents.
+    key_held = serializers.RegexField(r"^[0-9a-f]{16}$", allow_null=True, required=False)
+    key_fingerprint = serializers.RegexField(r"^[0-9a-f]{16}$", allow_null=True,
+                                             required=False, default=None)
 
     def validate_served(self, served):
         ids = [model["id"] for model in served]
@@ -118,6 +163,10 @@ class EnrollSerializer(serializers.Serializer):
 class EnrollResponseSerializer(serializers.Serializer):
     node_id = serializers.IntegerField()
     credential = serializers.CharField()
+    engine_key = serializers.CharField(help_text=(
+        "The engine's key: the agent starts the engine with `--api-key` set to it, and the "
+        "platform sends it as `Authorization: Bearer` once the agent reports its engine runs "
+        "with it."))
     heartbeat_interval_s = serializers.IntegerField()
 
 
@@ -127,6 +176,18 @@ class HeartbeatResponseSerializer(serializers.Serializer):
     needs_review = serializers.BooleanField()
     heartbeat_interval_s = serializers.IntegerField()
     jobs = serializers.ListField(child=serializers.DictField())
+    report_power = serializers.BooleanField(help_text=(
+        "The platform is measuring this machine: send each GPU's `power_draw_w` in the "
+        "heartbeats until an answer says false."))
+    engine = serializers.DictField(required=False, help_text=(
+        "Only to an agent that runs the engine (`engine.supervisor` in the heartbeat): "
+        "`config`, the engine configuration the platform computes for this machine (its "
+        "`version`, `argv`, `runnable`, `problems`...; null unless the agent serves a model "
+        "with the platform's configuration), and `restart`, how many engine restarts the "
+        "owner has asked for."))
+    engine_key = serializers.DictField(required=False, help_text=(
+        "Only while the agent does not hold the node's newest engine key (`engine.key_held`): "
+        "`key` and its `fingerprint`. The agent keeps it and restarts the engine with it."))
 
 
 # --- catalog, rentals, provider resources ---
@@ -161,6 +222,12 @@ class VerifiedCapacitySerializer(serializers.Serializer):
                                            help_text="Concurrent requests it was measured at.")
 
 
+class PlatformPriceSerializer(serializers.Serializer):
+    model = serializers.CharField(help_text="The public model name the platform's API sells.")
+    output_usd_per_mtok = UsdField(source="output_micros_per_mtok", read_only=True,
+                                   help_text="Its price per 1M output tokens now.")
+
+
 class CatalogCardSerializer(serializers.ModelSerializer):
     gpu_model = serializers.CharField(source="name")
     vram_gb = serializers.IntegerField(source="memory_gb", allow_null=True)
@@ -181,15 +248,32 @@ class CatalogCardSerializer(serializers.ModelSerializer):
     bandwidth_spec_gbs = serializers.IntegerField(source="spec_bandwidth_gbs", allow_null=True,
                                                   help_text="The reference spec's figure.")
     host = HostSerializer(source="node", read_only=True)
+    cost_per_mtok_usd = UsdField(
+        source="listing.cost_per_mtok_micros", read_only=True, allow_null=True, help_text=(
+            "$ per 1M output tokens at full use: the price per hour over the card's verified "
+            "output tokens/s at its verified concurrency (`verified_capacity`), the tokens of "
+            "an hour in which it serves that many requests all the time. What `sort=cost` "
+            "orders by; null until a load test measured the card."))
+    platform_price = serializers.SerializerMethodField(help_text=(
+        "What the platform's own API charges per 1M output tokens for the model the card "
+        "was measured with (`verified_capacity.model`), to compare with `cost_per_mtok_usd`; "
+        "null when the platform does not sell that model (no platform price)."))
 
     class Meta:
         model = Card
         fields = ["id", "gpu_model", "vram_gb", "memory_total_mib", "cards_per_node",
-                  "price_per_hour_usd", "reliability_pct", "region", "verification_status",
+                  "price_per_hour_usd", "cost_per_mtok_usd", "platform_price",
+                  "reliability_pct", "region", "verification_status",
                   "verified_capacity", "reference_spec", "bandwidth_measured_gbs",
                   "bandwidth_spec_gbs", "node_id", "node_name", "host", "compute_capability",
                   "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
                   "power_limit_w"]
+
+    @extend_schema_field(PlatformPriceSerializer(allow_null=True))
+    def get_platform_price(self, card) -> dict | None:
+        # The view reads the page's prices at once (selectors.platform_prices).
+        price = self.context.get("platform_prices", {}).get(card.verified_model)
+        return None if price is None else PlatformPriceSerializer(price).data
 
     @extend_schema_field(VerifiedCapacitySerializer(allow_null=True))
     def get_verified_capacity(self, card) -> dict | None:

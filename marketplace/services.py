@@ -1,5 +1,7 @@
 """Writes for the marketplace. Each function is one transaction; callers pass keywords."""
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,9 +18,18 @@ from billing import pricing
 from billing import services as billing
 from billing.selectors import wallet_balance
 from config.redis import REDIS_ERRORS
-from marketplace import alerts, engine_address, heartbeat_fast, uptime
+from marketplace import (
+    alerts,
+    costs,
+    engine_address,
+    engine_config,
+    engine_keys,
+    heartbeat_fast,
+    uptime,
+)
 from marketplace.models import (
     Card,
+    EngineOverride,
     EnrolmentToken,
     Listing,
     Node,
@@ -91,6 +102,7 @@ def enrolment_token_revoke(*, owner: User, token_id: int) -> bool:
 class Enrolment:
     node: Node
     credential: str  # shown to the agent once
+    engine_key: str  # the engine's --api-key, handed to the agent (engine_keys.py)
 
 
 @transaction.atomic
@@ -116,12 +128,14 @@ def node_enroll(*, token: str, hostname: str, agent_version: str,
     if spent != 1:
         raise EnrolmentRefused("This enrolment token has already been used.")
     credential = secret_issue("rsn")
+    engine_key = engine_keys.issue()
     node = Node.objects.create(
         owner=row.owner, name=(hostname or "machine")[:100], hostname=hostname[:256],
         agent_version=agent_version[:64], created_at=now, status_changed_at=now,
-        credential_prefix=credential.prefix, credential_digest=credential.digest)
+        credential_prefix=credential.prefix, credential_digest=credential.digest,
+        engine_key_next=engine_keys.seal(engine_key))
     EnrolmentToken.objects.filter(pk=row.pk).update(node=node)
-    return Enrolment(node=node, credential=credential.token)
+    return Enrolment(node=node, credential=credential.token, engine_key=engine_key)
 
 
 def node_authenticate(*, credential: str) -> Node:
@@ -151,6 +165,16 @@ def node_revoke(*, owner: User, node_id: int) -> bool:
     return bool(revoked)
 
 
+def provider_leave(*, owner: User) -> int:
+    """The account closes: each of its machines is removed as by the provider (agent refused,
+    cards unlisted) and its unused enrolment tokens stop working. Returns the machines removed."""
+    now = timezone.now()
+    EnrolmentToken.objects.filter(owner=owner, used_at__isnull=True,
+                                  revoked_at__isnull=True).update(revoked_at=now)
+    return sum(node_revoke(owner=owner, node_id=node_id) for node_id in
+               Node.objects.filter(owner=owner).values_list("pk", flat=True))
+
+
 def node_update(*, owner: User, node_id: int, name: str, region: str) -> Node:
     node = Node.objects.get(pk=node_id, owner=owner)
     if node.region != region:
@@ -158,6 +182,41 @@ def node_update(*, owner: User, node_id: int, name: str, region: str) -> Node:
     node.name, node.region = name, region
     node.save(update_fields=["name", "region"])
     return node
+
+
+@transaction.atomic
+def engine_override_set(*, node_id: int, flag: str, value: str, reason: str,
+                        set_by: User | None, owner: User | None = None,
+                        now: datetime | None = None) -> EngineOverride:
+    """Set one flag of a node's engine command by hand (replacing an earlier value of that
+    flag). `owner` limits it to that provider's node; staff pass None. The value must already
+    have been checked against the node (forms.EngineOverrideForm); here it is normalised, and
+    a flag nobody may set or a value out of range is refused."""
+    node = _lock_node(node_id) if owner is None else \
+        Node.objects.select_for_update().get(pk=node_id, owner=owner)
+    try:
+        value = engine_config.canonical_value(flag, value)
+    except engine_config.OverrideError as exc:
+        raise MarketplaceError(str(exc)) from None
+    row, _ = EngineOverride.objects.update_or_create(
+        node=node, flag=flag.strip(),
+        defaults={"value": value, "reason": reason.strip(), "set_by": set_by,
+                  "set_at": now or timezone.now()})
+    # The engine command the node's agent is told (a later heartbeat reply) changes.
+    node_heartbeat_forget(node_ids=[node.pk])
+    return row
+
+
+@transaction.atomic
+def engine_override_clear(*, node_id: int, flag: str, owner: User | None = None) -> bool:
+    """Back to the computed value; False when the flag had no override on that node."""
+    nodes = Node.objects.filter(pk=node_id)
+    if owner is not None:
+        nodes = nodes.filter(owner=owner)
+    deleted, _ = EngineOverride.objects.filter(node__in=nodes, flag=flag).delete()
+    if deleted:
+        node_heartbeat_forget(node_ids=[node_id])
+    return bool(deleted)
 
 
 # The catalog's GPU and region choices, as selectors.catalog_choices caches them.
@@ -183,6 +242,8 @@ class HeartbeatResult:
     hardware_changed: bool
     first_report: bool  # the first heartbeat that brought GPUs: time to verify them
     uuid_conflicts_changed: bool = False  # a UUID conflict of this node opened or closed
+    # The engine the agent runs became ready with another command: verified again.
+    engine_changed: bool = False
 
 
 # The engine's address is looked up again at least this often: a provider may move it.
@@ -232,6 +293,10 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
         facts["compute_capability"] = facts["compute_capability"] or ""
         seen_indexes.add(gpu["index"])
         card = existing.get(gpu["index"])
+        # Reported while the platform measures the machine (report_power): kept, with its
+        # time, for the load test to read; a heartbeat without it leaves the last reading.
+        if gpu.get("power_draw_w") is not None:
+            facts.update(power_draw_w=gpu["power_draw_w"], power_read_at=now)
         if card is None:
             card = Card.objects.create(node=node, index=gpu["index"], first_seen_at=now,
                                        last_seen_at=now, **facts)
@@ -276,6 +341,7 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
     node.engine_models = list(engine.get("models") or [])
     node.engine_served = list(engine.get("served") or [])
     node.engine_error = (refusal or engine.get("error") or "")[:256]
+    engine_changed = _engine_process_store(node, engine.get("supervisor"), now=now)
     node.last_heartbeat_at = now
     if changed:
         node.hardware_changed_at = now
@@ -301,7 +367,102 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
         node_heartbeat_forget(node_ids=_uuid_neighbours(node))
     node.refresh_from_db(fields=["reliability_pct", "uuid_conflict"])
     return HeartbeatResult(node=node, hardware_changed=changed, first_report=first_report,
-                           uuid_conflicts_changed=conflicts_changed)
+                           uuid_conflicts_changed=conflicts_changed,
+                           engine_changed=engine_changed and not first_report)
+
+
+def _engine_process_store(node: Node, report: dict | None, *, now: datetime) -> bool:
+    """Keep what the agent says of the engine it runs (`engine.supervisor`; none where the
+    provider runs it). True when the engine has just become ready with a command other than
+    the one it last became ready with: a new configuration, which verification measures again
+    (a restart with the same command is not one)."""
+    state = report["state"] if report else ""
+    if state != node.engine_state:
+        node.engine_state, node.engine_state_since = state, now
+    node.engine_process = dict(report) if report else {}
+    if state != "ready":
+        return False
+    digest = hashlib.sha256(json.dumps(report["argv"]).encode()).hexdigest()[:16]
+    changed, node.engine_ready_digest = digest != node.engine_ready_digest, digest
+    return changed
+
+
+def node_engine_restart_request(*, node_id: int, owner: User,
+                                now: datetime | None = None) -> bool:
+    """The owner asks the agent to restart the engine it runs: the count the heartbeat reply
+    carries grows, and the agent restarts (draining first) when it sees it. False when the
+    node is not the owner's or its agent does not run the engine."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        asked = Node.objects.filter(pk=node_id, owner=owner, credential_revoked_at__isnull=True
+                                    ).exclude(engine_state="").update(
+            engine_restarts_requested=F("engine_restarts_requested") + 1,
+            engine_restart_requested_at=now)
+        if asked:
+            node_heartbeat_forget(node_ids=[node_id])  # the next answer carries the request
+    return bool(asked)
+
+
+# --- engine keys (engine_keys.py) ---
+
+def node_engine_key_sync(*, node: Node, held: str | None, in_use: str | None,
+                         hand_over: bool = True) -> dict | None:
+    """A heartbeat's word on the engine key: `held`, the fingerprint of the key the agent
+    holds; `in_use`, that of the key its engine runs with (None: not known, no key). The key
+    the engine runs with becomes the one the platform sends; a node without a key (one enrolled
+    before engine keys) is issued one. The answer: {"key", "fingerprint"} for an agent that
+    does not hold the newest key yet (and takes keys: `hand_over`), else None. `node` as the
+    heartbeat's authentication read it: the usual heartbeat, nothing to do, costs no query."""
+    if (not node.engine_key_next and held is not None and held == node.engine_key_fingerprint
+            and engine_keys.unseal(node.engine_key_sealed)):
+        return None
+    with transaction.atomic():
+        node = _lock_node(node.pk)
+        current = engine_keys.unseal(node.engine_key_sealed)
+        wanted = engine_keys.unseal(node.engine_key_next)
+        fields = []
+        if wanted and in_use and in_use == engine_keys.fingerprint(wanted):
+            # The agent's engine has the new key: from now on the platform sends it.
+            node.engine_key_sealed, node.engine_key_fingerprint = node.engine_key_next, in_use
+            node.engine_key_next, current, wanted = "", wanted, ""
+            fields += ["engine_key_sealed", "engine_key_fingerprint", "engine_key_next"]
+        elif current and node.engine_key_fingerprint != engine_keys.fingerprint(current):
+            node.engine_key_fingerprint = engine_keys.fingerprint(current)
+            fields.append("engine_key_fingerprint")
+        if not current and not wanted:  # none yet, or sealed under another SECRET_KEY
+            wanted = engine_keys.issue()
+            node.engine_key_next = engine_keys.seal(wanted)
+            fields.append("engine_key_next")
+        if fields:
+            node.save(update_fields=fields)
+    newest = wanted or current
+    if not hand_over or held == engine_keys.fingerprint(newest):
+        return None
+    return {"key": newest, "fingerprint": engine_keys.fingerprint(newest)}
+
+
+def node_engine_key_rotate(*, node_id: int, owner: User | None = None) -> bool:
+    """A new engine key for the node (its owner's or, without `owner`, an operator's request).
+    The current one stays the key the platform sends until the agent reports its engine runs
+    with the new one (node_engine_key_sync): the agent drains the engine and restarts it with
+    the new key, so no request in flight is dropped. False when the node is not the owner's."""
+    rows = Node.objects.filter(pk=node_id, credential_revoked_at__isnull=True)
+    if owner is not None:
+        rows = rows.filter(owner=owner)
+    with transaction.atomic():
+        rotated = rows.update(engine_key_next=engine_keys.seal(engine_keys.issue()))
+        if rotated:
+            node_heartbeat_forget(node_ids=[node_id])  # the next answer carries the new key
+    return bool(rotated)
+
+
+def node_engine_key_enforced(*, enforced: dict[int, bool]) -> None:
+    """What the health checks saw: whether each engine refused a request without the key."""
+    for value in (True, False):
+        ids = [pk for pk, seen in enforced.items() if seen is value]
+        if ids:
+            Node.objects.filter(pk__in=ids).exclude(engine_key_enforced=value).update(
+                engine_key_enforced=value)
 
 
 # --- the heartbeat fast path (heartbeat_fast: a repeated report answered from Redis) ---
@@ -536,11 +697,27 @@ def listing_update(*, owner: User, card_id: int, is_listed: bool, price_per_hour
             catalog_choices_forget()
         listing.is_listed = is_listed
         listing.price_per_hour_micros = price_per_hour_micros
+        listing.cost_per_mtok_micros = costs.per_mtok_micros(price_per_hour_micros,
+                                                             card.verified_tokens_per_s)
         listing.claimed_gpu_model = claimed_gpu_model
         listing.claimed_vram_gb = claimed_vram_gb
         listing.description = description
         listing.save()
         return listing
+
+
+def listing_costs_refresh(*, card_ids) -> int:
+    """Work out the cost per 1M output tokens of these cards' listings again, from their price
+    and the card's verified tokens/s (after either changed outside listing_update)."""
+    rows = list(Listing.objects.filter(card_id__in=list(card_ids))
+                .values_list("pk", "price_per_hour_micros", "card__verified_tokens_per_s",
+                             "cost_per_mtok_micros"))
+    changed = 0
+    for pk, price, tokens_per_s, stored in rows:
+        cost = costs.per_mtok_micros(price, tokens_per_s)
+        if cost != stored:
+            changed += Listing.objects.filter(pk=pk).update(cost_per_mtok_micros=cost)
+    return changed
 
 
 # --- rentals ---
@@ -682,16 +859,24 @@ def card_verification_publish(*, card_id: int, status: str, tokens_per_s: float 
                               concurrency: int | None = None,
                               bandwidth_gbs: float | None = None,
                               spec_bandwidth_gbs: int | None = None,
-                              problems: int = 0) -> None:
+                              problems: int = 0, single_tokens_per_s: float | None = None,
+                              power_idle_w: float | None = None,
+                              power_loaded_w: float | None = None) -> None:
     """Verification's verdict on a card, as the catalog and rent page show it: `tokens_per_s`
-    is the card's share of its engine's output serving `model` at `concurrency` requests. A
-    card newly flagged raises an alert to its provider."""
+    is the card's share of its engine's output serving `model` at `concurrency` requests
+    (`single_tokens_per_s`: one request alone), and the GPU's draw idle and at that
+    concurrency. The listing's cost per 1M tokens follows. A card newly flagged raises an
+    alert to its provider."""
     newly_flagged = status == Card.Verification.FLAGGED and Card.objects.filter(
         pk=card_id).exclude(verification_status=status).exists()
-    Card.objects.filter(pk=card_id).update(
-        verification_status=status, verified_tokens_per_s=tokens_per_s,
-        verified_model=model, verified_concurrency=concurrency, reference_spec=reference_spec,
-        bandwidth_gbs=bandwidth_gbs, spec_bandwidth_gbs=spec_bandwidth_gbs,
-        verification_problems=problems)
+    with transaction.atomic():
+        Card.objects.filter(pk=card_id).update(
+            verification_status=status, verified_tokens_per_s=tokens_per_s,
+            verified_model=model, verified_concurrency=concurrency,
+            reference_spec=reference_spec, bandwidth_gbs=bandwidth_gbs,
+            spec_bandwidth_gbs=spec_bandwidth_gbs, verification_problems=problems,
+            verified_single_tokens_per_s=single_tokens_per_s, power_idle_w=power_idle_w,
+            power_loaded_w=power_loaded_w)
+        listing_costs_refresh(card_ids=[card_id])
     if newly_flagged:
         alerts.card_flagged(card=Card.objects.select_related("node").get(pk=card_id))

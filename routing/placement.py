@@ -7,7 +7,7 @@ docs/benchmarks.md, `make bench-pool`).
 """
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +34,12 @@ class Worker:
     engine_queue: int = 0  # running + waiting, as the engine's /metrics last said (0: unknown)
     ramp_since: float = 0.0  # unix time it came to traffic, which `ramp` counts from
     slots: int = 0  # the concurrency its capacity was verified at (0: not verified)
+    # What the proxy sends as `Authorization: Bearer` ("": no key yet). Out of repr: logs.
+    engine_key: str = field(default="", repr=False)
+
+    @property
+    def engine_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.engine_key}"} if self.engine_key else {}
 
 
 NOBODY = -1  # renter_id of a worker two renters share: it serves neither

@@ -31,6 +31,7 @@ from django.utils import timezone
 from billing.metering import Price
 from billing.models import ModelPrice
 from config.redis import REDIS_ERRORS, redis_client
+from marketplace import engine_keys
 from marketplace.models import Card, Node, Rental
 from routing import balancer, changes
 from routing.models import Deployment, EngineModel, Model, worker_ref
@@ -184,8 +185,9 @@ FULL_EVERY_S = 900.0  # a full read now and then, whatever the feed says: a back
 
 
 def _digest(worker: Worker) -> int:
-    return int.from_bytes(hashlib.blake2b(repr(worker).encode(), digest_size=8).digest(),
-                          "little")
+    # The engine key is out of the repr (logs) but in the digest: a new key is a new worker.
+    return int.from_bytes(hashlib.blake2b(f"{worker!r}\0{worker.engine_key}".encode(),
+                                          digest_size=8).digest(), "little")
 
 
 def _entries() -> tuple[dict[str, ModelEntry], dict[str, str]]:
@@ -259,7 +261,8 @@ def _workers(entries: dict[str, ModelEntry], mapping: dict[str, str], now: datet
             verified=verified, renter_id=renter_id,
             ramp=balancer.ramp((now - since).total_seconds()),
             engine_queue=(d.engine_running or 0) + (d.engine_waiting or 0),
-            ramp_since=since.timestamp(), slots=slots[(d.node_id, d.engine_model_id)]))
+            ramp_since=since.timestamp(), slots=slots[(d.node_id, d.engine_model_id)],
+            engine_key=engine_keys.unseal(d.node.engine_key_sealed)))
     return workers
 
 

@@ -382,7 +382,8 @@ def _upstream_failed(worker: placement.Worker, message: str) -> _Retry:
 async def _fetch(worker, path, body) -> httpx.Response:
     try:
         resp = await _client().post(_url(worker, path), content=body,
-                                    headers={"content-type": "application/json"})
+                                    headers={"content-type": "application/json",
+                                             **worker.engine_headers})
     except httpx.HTTPError as exc:
         raise _upstream_failed(worker, f"The worker could not be reached "
                                f"({type(exc).__name__}).") from None
@@ -431,7 +432,8 @@ async def _open_stream(worker, path, body) -> httpx.Response:
     client = _client()
     upstream = client.build_request("POST", _url(worker, path), content=body,
                                     headers={"content-type": "application/json",
-                                             "accept": "text/event-stream"})
+                                             "accept": "text/event-stream",
+                                             **worker.engine_headers})
     try:
         resp = await client.send(upstream, stream=True)
     except httpx.HTTPError as exc:

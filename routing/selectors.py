@@ -16,9 +16,11 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from billing.models import ApiKey, Charge
+from billing.selectors import model_prices_now
+from marketplace.costs import PlatformPrice
 from marketplace.models import Card
 from routing import balancer, placement, pool
-from routing.models import Deployment, EngineModel, RequestLog, worker_ref
+from routing.models import Deployment, EngineModel, Model, RequestLog, worker_ref
 
 BUCKET = timedelta(minutes=5)
 WINDOW = timedelta(hours=1)
@@ -291,3 +293,26 @@ def rental_endpoint(rental, *, base_url: str, now=None) -> dict:
         "total": {"requests": total["requests"], "completion_tokens": total["completion"] or 0,
                   "prompt_tokens": total["prompt"] or 0},
     }
+
+
+def platform_prices(engine_models) -> dict[str, PlatformPrice]:
+    """The price per 1M output tokens the platform charges now for the public model each of
+    these engine model ids serves (as the pool maps them: the operator's EngineModel, else a
+    public model of the same name); ids of no active, priced model are left out. Two queries."""
+    ids = set(engine_models)
+    if not ids:
+        return {}
+    mapped: dict[str, str] = {}
+    same_name: set[str] = set()
+    for name, engine_model_id in (Model.objects.filter(is_active=True)
+                                  .filter(Q(name__in=ids)
+                                          | Q(engine_models__engine_model_id__in=ids))
+                                  .values_list("name", "engine_models__engine_model_id")):
+        if engine_model_id in ids:
+            mapped[engine_model_id] = name
+        if name in ids:
+            same_name.add(name)
+    names = {name: name for name in same_name} | mapped
+    prices = model_prices_now(set(names.values()))
+    return {engine_id: PlatformPrice(name, prices[name].output_micros_per_mtok)
+            for engine_id, name in names.items() if name in prices}

@@ -9,6 +9,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from marketplace import engine_keys
+from marketplace import services as marketplace
 from marketplace.models import Node
 from routing.models import Deployment
 
@@ -33,7 +35,10 @@ def deployments_sync(*, node_id: int, now: datetime | None = None) -> list[int]:
     first try) must not both create its new deployment."""
     now = now or timezone.now()
     node = Node.objects.select_for_update().get(pk=node_id)
-    served = {item["id"]: item for item in _served(node)} if node.engine_reachable else {}
+    # An engine the agent is draining (or starting, or restarting) takes no new request: its
+    # deployments leave the pool (the change feed follows `reported`) until it is ready again.
+    serving = node.engine_reachable and node.engine_takes_work
+    served = {item["id"]: item for item in _served(node)} if serving else {}
     existing = {d.engine_model_id: d for d in Deployment.objects.filter(node_id=node_id)}
     ids = []
     for engine_model_id, item in served.items():
@@ -56,22 +61,30 @@ def deployments_sync(*, node_id: int, now: datetime | None = None) -> list[int]:
     return ids
 
 
-async def _check(client: httpx.AsyncClient, url: str) -> tuple[str, dict]:
-    """('' when the engine answers its health route, else why not; what its /metrics says)."""
+async def _check(client: httpx.AsyncClient, url: str, key: str = ""
+                 ) -> tuple[str, dict, bool | None]:
+    """('' when the engine answers its health route, else why not; what its /metrics says;
+    whether it refuses /v1 without its key, None when not known). With the node's engine key,
+    as the proxy sends it."""
     base = url.rstrip("/")
+    headers = {"authorization": f"Bearer {key}"} if key else {}
     try:
-        response = await client.get(f"{base}/health", timeout=HEALTH_TIMEOUT_S)
+        response = await client.get(f"{base}/health", timeout=HEALTH_TIMEOUT_S, headers=headers)
         if response.status_code == 404:  # llama-cpp-python's server has no /health
-            response = await client.get(f"{base}/v1/models", timeout=HEALTH_TIMEOUT_S)
+            response = await client.get(f"{base}/v1/models", timeout=HEALTH_TIMEOUT_S,
+                                        headers=headers)
     except httpx.HTTPError as exc:
-        return f"{type(exc).__name__}: {exc}"[:256], {}
+        return f"{type(exc).__name__}: {exc}"[:256], {}, None
     if response.status_code != 200:
-        return f"GET {response.request.url.path} answered {response.status_code}", {}
+        return f"GET {response.request.url.path} answered {response.status_code}", {}, None
     try:
-        metrics = await client.get(f"{base}/metrics", timeout=HEALTH_TIMEOUT_S)
+        # A stranger's request: an engine that answers it serves anyone who finds its port.
+        bare = await client.get(f"{base}/v1/models", timeout=HEALTH_TIMEOUT_S)
+        enforced = bare.status_code in (401, 403)
+        metrics = await client.get(f"{base}/metrics", timeout=HEALTH_TIMEOUT_S, headers=headers)
     except httpx.HTTPError:
-        return "", {}
-    return "", engine_metrics(metrics.text) if metrics.status_code == 200 else {}
+        return "", {}, None
+    return "", engine_metrics(metrics.text) if metrics.status_code == 200 else {}, enforced
 
 
 # Where each engine says what the pool page and the balancer read (vLLM v1's names; llama-server
@@ -103,9 +116,11 @@ def engine_metrics(text: str) -> dict:
     return {field: int(value) for field, value in found.items() if value >= 0}
 
 
-async def _check_all(urls: dict[int, str]) -> dict[int, tuple[str, dict]]:
+async def _check_all(urls: dict[int, tuple[str, str]]
+                     ) -> dict[int, tuple[str, dict, bool | None]]:
     async with httpx.AsyncClient() as client:
-        results = await asyncio.gather(*(_check(client, url) for url in urls.values()))
+        results = await asyncio.gather(*(_check(client, url, key)
+                                         for url, key in urls.values()))
     return dict(zip(urls, results, strict=True))
 
 
@@ -116,12 +131,16 @@ def deployments_check_health(*, now: datetime | None = None) -> dict[int, str]:
     first success."""
     now = now or timezone.now()
     # Only where the platform may call: the engine's checked address (engine_address.py).
-    urls = dict(Node.objects.filter(status=Node.Status.ONLINE, deployments__reported=True)
-                .exclude(engine_connect_url="").values_list("pk", "engine_connect_url")
-                .distinct())
+    urls = {pk: (url, engine_keys.unseal(sealed)) for pk, url, sealed in
+            Node.objects.filter(status=Node.Status.ONLINE, deployments__reported=True)
+            .exclude(engine_connect_url="")
+            .values_list("pk", "engine_connect_url", "engine_key_sealed").distinct()}
     checked = asyncio.run(_check_all(urls)) if urls else {}
-    results = {node_id: error for node_id, (error, _) in checked.items()}
-    for node_id, (error, metrics) in checked.items():
+    results = {node_id: error for node_id, (error, _, _) in checked.items()}
+    marketplace.node_engine_key_enforced(enforced={
+        node_id: enforced for node_id, (_, _, enforced) in checked.items()
+        if enforced is not None})
+    for node_id, (error, metrics, _) in checked.items():
         rows = Deployment.objects.filter(node_id=node_id, reported=True)
         if not error:
             rows.update(healthy=True, health_failures=0, health_checked_at=now,

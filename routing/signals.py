@@ -1,9 +1,10 @@
-"""Routing's panel on a renter's rental page (marketplace cannot import routing)."""
+"""Routing's answers to marketplace's hooks (marketplace cannot import routing): the panel on a
+renter's rental page, and the platform's price of the models cards were measured with."""
 
 from django.conf import settings
 from django.dispatch import receiver
 
-from marketplace.signals import rental_page_panels
+from marketplace.signals import platform_prices, rental_page_panels
 from routing import selectors
 
 
@@ -12,3 +13,8 @@ def endpoint_panel(sender, *, rental, request, **kwargs):
     site = settings.RIGSHARE_PUBLIC_URL or request.build_absolute_uri("/").rstrip("/")
     return {"template": "routing/rental_endpoint.html",
             "context": selectors.rental_endpoint(rental, base_url=f"{site}/v1")}
+
+
+@receiver(platform_prices)
+def prices_of_engine_models(sender, *, engine_models, **kwargs):
+    return selectors.platform_prices(engine_models)

@@ -8,7 +8,6 @@ import ipaddress
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
@@ -17,6 +16,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
+from accounts import security
 from billing.pricing import micros_to_usd, usd_per_token
 from config.spreadsheet import Echo, text_cell
 from routing import errors, metrics, proxy, selectors
@@ -141,7 +141,7 @@ async def prometheus(request):
 POOL_PAGE_REFRESH_S = 5
 
 
-@staff_member_required
+@security.staff_required
 def pool_page(request):
     """Staff only: the workers a router places on now, live (routing/selectors.py)."""
     return render(request, "routing/pool.html", {"pool": selectors.pool_overview(),

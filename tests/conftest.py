@@ -14,14 +14,14 @@ def alice(db):
 
 @pytest.fixture
 def bob(db):
-    """A provider."""
-    return UserFactory(email="bob@example.com")
+    """A provider, with two-factor on (payouts need it)."""
+    return UserFactory(email="bob@example.com", two_factor=True)
 
 
 @pytest.fixture
 def carol(db):
-    """An API consumer."""
-    return UserFactory(email="carol@example.com")
+    """An API consumer, with two-factor on (keys without a spend limit need it)."""
+    return UserFactory(email="carol@example.com", two_factor=True)
 
 
 @pytest.fixture

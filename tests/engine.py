@@ -56,7 +56,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def server_command(*, port: int, n_ctx: int, alias: str, n_threads: int) -> list[str]:
+def server_command(*, port: int, n_ctx: int, alias: str, n_threads: int,
+                   api_key: str | None = None) -> list[str]:
     model = gguf_path()
     if model is None or not ENGINE_AVAILABLE:
         raise RuntimeError(NOT_INSTALLED)
@@ -75,6 +76,9 @@ def server_command(*, port: int, n_ctx: int, alias: str, n_threads: int) -> list
         # 100 MB model: no need to pin it in RAM (and no RLIMIT_MEMLOCK warnings).
         "--use_mlock", "False",
         "--verbose", "False",
+        # Requests without `Authorization: Bearer <key>` are refused (401), as Rigshare's
+        # engines run (an engine key per node).
+        *(["--api_key", api_key] if api_key else []),
     ]
 
 
@@ -98,19 +102,21 @@ def _tail(path: Path, limit: int = 4000) -> str:
 
 @contextlib.contextmanager
 def llama_server(*, n_ctx: int = 2048, alias: str = ALIAS, n_threads: int = 2,
-                 startup_timeout: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
+                 startup_timeout: float = STARTUP_TIMEOUT_S,
+                 api_key: str | None = None) -> Iterator[str]:
     """Start the server on a free loopback port, yield its base URL, stop it on exit."""
     with tempfile.TemporaryDirectory(prefix="llama-server-") as tmp:
         log_path = Path(tmp) / "server.log"
         for _attempt in range(3):  # a free port may be taken before the server binds it
             port = free_port()
-            command = server_command(port=port, n_ctx=n_ctx, alias=alias, n_threads=n_threads)
+            command = server_command(port=port, n_ctx=n_ctx, alias=alias, n_threads=n_threads,
+                                     api_key=api_key)
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             base_url = f"http://127.0.0.1:{port}"
             try:
-                state = _wait_ready(proc, base_url, startup_timeout)
+                state = _wait_ready(proc, base_url, startup_timeout, api_key)
             except BaseException:
                 _stop(proc)
                 raise
@@ -131,10 +137,12 @@ def llama_server(*, n_ctx: int = 2048, alias: str = ALIAS, n_threads: int = 2,
             _stop(proc)
 
 
-def _wait_ready(proc: subprocess.Popen, base_url: str, timeout: float) -> str:
+def _wait_ready(proc: subprocess.Popen, base_url: str, timeout: float,
+                api_key: str | None = None) -> str:
     """"ready" once GET /v1/models answers 200, "exited" if the process ended, or "timeout"."""
     deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=2.0) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    with httpx.Client(timeout=2.0, headers=headers) as client:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 return "exited"

@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 
 import factory
+from allauth.account.models import EmailAddress
 from django.utils import timezone
 
 from accounts.models import User
@@ -29,6 +30,37 @@ class UserFactory(factory.django.DjangoModelFactory):
     def _save(obj, create, extracted, **kwargs):
         if create:
             obj.save()
+
+    @factory.post_generation
+    def verified(obj, create, extracted, **kwargs):
+        """The address is verified unless `verified=False`."""
+        if create:
+            EmailAddress.objects.create(user=obj, email=obj.email, primary=True,
+                                        verified=extracted is not False)
+
+    @factory.post_generation
+    def two_factor(obj, create, extracted, **kwargs):
+        """`two_factor=True`: a TOTP authenticator (its secret in `obj.totp_secret`) and
+        recovery codes, as a user who turned two-factor on has."""
+        if create and extracted:
+            obj.totp_secret = enable_two_factor(obj)
+
+
+def enable_two_factor(user) -> str:
+    """Give `user` TOTP and recovery codes through allauth's own activation; the secret."""
+    from allauth.mfa.recovery_codes.internal.auth import RecoveryCodes
+    from allauth.mfa.totp.internal.auth import TOTP, generate_totp_secret
+
+    secret = generate_totp_secret()
+    TOTP.activate(user, secret)
+    RecoveryCodes.activate(user)
+    return secret
+
+
+def totp_code(secret: str) -> str:
+    import pyotp
+
+    return pyotp.TOTP(secret).now()
 
 
 class NodeFactory(factory.django.DjangoModelFactory):

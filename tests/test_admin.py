@@ -7,7 +7,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_every_model_has_an_admin_whose_pages_load(client):
-    operator = UserFactory(is_staff=True, is_superuser=True)
+    operator = UserFactory(is_staff=True, is_superuser=True, two_factor=True)
     card = listed_card()
     RentalFactory(card=card)
     client.force_login(operator)
@@ -39,7 +39,7 @@ def test_what_heartbeats_and_runs_write_cannot_be_hand_added_or_edited(client):
     verification runs; the admin shows them and lets no one add or edit them by hand."""
     from django.apps import apps
 
-    operator = UserFactory(is_staff=True, is_superuser=True)
+    operator = UserFactory(is_staff=True, is_superuser=True, two_factor=True)
     card = listed_card()
     client.force_login(operator)
     for label in ("marketplace.Card", "marketplace.Node", "marketplace.NodeStatusChange",

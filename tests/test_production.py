@@ -15,6 +15,8 @@ GOOD = {
     "STRIPE_SECRET_KEY": "sk_live_rigshare", "STRIPE_WEBHOOK_SECRET": "whsec_rigshare",
     "DATABASE_URL": "postgres://rigshare@db.internal:5432/rigshare",
     "REDIS_URL": "redis://cache.internal:6379/0", "ALLOWED_HOSTS": "rigshare.example",
+    "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+    "EMAIL_HOST": "smtp.rigshare.example",
 }
 
 
@@ -46,6 +48,8 @@ def test_production_starts_when_set_up():
     ({"STRIPE_WEBHOOK_SECRET": "dev-only-payment-webhook-secret"}, "STRIPE_WEBHOOK_SECRET"),
     ({"REDIS_URL": ""}, "REDIS_URL"),
     ({"DATABASE_URL": "sqlite:///tmp/x.sqlite3"}, "PostgreSQL"),
+    ({"EMAIL_BACKEND": ""}, "EMAIL_BACKEND must send mail"),
+    ({"EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend"}, "EMAIL_BACKEND"),
 ])
 def test_production_refuses_to_start_without_what_it_needs(change, refusal):
     refused = django_in(GOOD | change)

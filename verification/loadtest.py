@@ -31,6 +31,10 @@ class Level:
     ttft_p99_ms: float
     completed: int
     failed: int
+    # When its requests went out and when the last one ended (Unix time): the window in
+    # which the GPU's power draw, read from the heartbeats, was this level's.
+    started: float = 0.0
+    ended: float = 0.0
 
 
 @dataclass
@@ -86,15 +90,17 @@ async def _stream(client: httpx.AsyncClient, base: str, model: str, prompt: str,
 
 
 async def _level(client, base, model, concurrency: int) -> Level:
+    started = time.time()
     results = await asyncio.gather(*[
         _stream(client, base, model, _words(PROMPT_WORDS, f"c{concurrency}r{i}x"),
                 OUTPUT_TOKENS) for i in range(concurrency)], return_exceptions=True)
+    ended = time.time()
     done = [r for r in results if not isinstance(r, BaseException)]
     ttfts = [(stamps[0] - start) * 1000 for start, stamps in done]
     return Level(concurrency, throughput([stamps for _, stamps in done]),
                  statistics.median(ttfts) if ttfts else 0.0,
                  _percentile(ttfts, 99) if ttfts else 0.0, len(done),
-                 len(results) - len(done))
+                 len(results) - len(done), started, ended)
 
 
 def throughput(streams: list[list[float]]) -> float:
@@ -125,10 +131,13 @@ async def _context_accepted(client, base, model, context_length: int) -> bool:
 
 async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVELS,
                         max_concurrency: int | None = None, timeout_s: float = 300,
-                        progress: Callable[[str, int], None] | None = None) -> LoadTestResult:
+                        progress: Callable[[str, int], None] | None = None,
+                        engine_key: str = "") -> LoadTestResult:
+    """`engine_key`: the node's engine key, sent as the proxy sends it ("": none yet)."""
     base = base_url.rstrip("/")
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+    headers = {"authorization": f"Bearer {engine_key}"} if engine_key else None
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=headers) as client:
         listed = (await client.get(f"{base}/v1/models")).json().get("data") or []
         if not listed:
             raise RuntimeError("the engine lists no model")

@@ -54,6 +54,7 @@ class VerificationRun(models.Model):
     class Trigger(models.TextChoices):
         ENROLMENT = "enrolment"
         HARDWARE_CHANGE = "hardware_change", "hardware or driver change"
+        ENGINE_CHANGE = "engine_change", "new engine configuration"
         SCHEDULE = "schedule", "weekly check"
         PROVIDER = "provider", "requested by the provider"
         OPERATOR = "operator", "requested by an operator"

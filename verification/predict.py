@@ -69,8 +69,10 @@ LOAD_GAIN_AT = 32
 LLAMACPP_BANDWIDTH_SHARE = 0.65
 LLAMACPP_BANDWIDTH_SHARE_FLOOR = 0.45
 
-GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of each card it takes
-ACTIVATION_RESERVE_BYTES = 2 * 2**30  # per card: activations, CUDA graphs, the CUDA context
+# vLLM's default share of each card, and what it keeps per card beside weights and KV: the
+# same figures the catalog's "what fits" answers with.
+GPU_MEMORY_UTILIZATION = modelmath.GPU_MEMORY_UTILIZATION
+ACTIVATION_RESERVE_BYTES = modelmath.ACTIVATION_RESERVE_BYTES
 # A correct STREAM method reads 81-96% of the spec (FACTS.md): where a card's bandwidth was not
 # measured, its spec is taken at the low end.
 SPEC_BANDWIDTH_SHARE = 0.81

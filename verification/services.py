@@ -15,6 +15,7 @@ up, at most MAX_RESUMES times.
 
 import asyncio
 import concurrent.futures
+import statistics
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -26,7 +27,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from agent.probes import DEFAULT_PARAMS as PROBE_PARAMS
-from marketplace import modelmath
+from marketplace import engine_keys, modelmath
 from marketplace import services as marketplace
 from marketplace.model_data import architecture_for
 from marketplace.models import Card, Node, UuidConflict
@@ -49,6 +50,14 @@ STEP_STALE = timedelta(seconds=45)  # a step not stamped for this long lost its 
 TOUCH_EVERY_S = 10.0
 MAX_RESUMES = 3
 WEEKLY = timedelta(days=7)
+# The concurrency whose output tokens/s a card is verified at (and its power draw measured at).
+VERIFIED_CONCURRENCY = 32
+# While a run measures a machine, its agent reports each GPU's power draw in its heartbeats
+# (`report_power`), and once its probes are answered it heartbeats every POWER_HEARTBEAT_S, so
+# that several readings fall in each level of the load test.
+POWER_HEARTBEAT_S = 1
+POWER_IDLE_READINGS = 2  # fresh readings per card before the first request: the idle draw
+POWER_POLL_S = 0.25  # how often the load test reads the heartbeats' latest figures
 
 
 class VerificationRefused(Exception):
@@ -87,6 +96,19 @@ def run_request_by_provider(*, owner, node_id: int) -> VerificationRun:
 def jobs_for_node(node_id: int) -> list[dict]:
     return [{"id": job.pk, "kind": job.kind, "params": job.params}
             for job in ProbeJob.objects.filter(node_id=node_id, status=ProbeJob.Status.PENDING)]
+
+
+def heartbeat_power(*, node_id: int, jobs: list) -> tuple[bool, int | None]:
+    """(report power, heartbeat interval) for the answer to this node's heartbeat: power while
+    a run probes or load-tests the machine, every POWER_HEARTBEAT_S once its probes are in
+    (the load test is near); (False, None) otherwise: the platform's usual interval. (A report
+    that starts a run is asked for power too: agentapi.)"""
+    status = (VerificationRun.objects.filter(node_id=node_id,
+                                             status__in=(Status.PROBING, Status.LOAD_TESTING))
+              .values_list("status", flat=True).first())
+    if status is None:
+        return False, None
+    return True, POWER_HEARTBEAT_S if status == Status.LOAD_TESTING or not jobs else None
 
 
 class JobNotFound(Exception):
@@ -184,6 +206,11 @@ def run_load_test(*, run_id: int) -> bool:
         _progress(run, f"no load test: {why}", 80)
         return True
 
+    # The GPUs' power draw comes with the agent's heartbeats: the idle draw before the first
+    # request, the loaded one while the verified concurrency runs (heartbeat_power).
+    power = PowerWatch(run)
+    power.wait_idle(run)
+
     # The load test runs on its own event loop in a worker thread; this thread keeps the ORM
     # (which must not run inside an event loop) and writes the progress as it comes.
     latest: dict = {}
@@ -191,13 +218,16 @@ def run_load_test(*, run_id: int) -> bool:
         future = pool.submit(asyncio.run, loadtest.run_load_test(
             node.engine_connect_url, levels=settings.RIGSHARE_LOAD_TEST_LEVELS,
             max_concurrency=_advertised_concurrency(node),
+            engine_key=engine_keys.unseal(node.engine_key_sealed),
             progress=lambda detail, pct: latest.update(detail=detail, pct=pct)))
         shown, stamped = None, time.monotonic()
         while True:
             try:
-                result = future.result(timeout=1)
+                result = future.result(timeout=POWER_POLL_S if power.watching else 1)
                 break
             except concurrent.futures.TimeoutError:
+                if power.watching:
+                    power.read()
                 if latest and latest != shown:
                     shown = dict(latest)
                     _progress(run, f"load test: {shown['detail']}", 35 + shown["pct"] * 45 // 100)
@@ -220,10 +250,79 @@ def run_load_test(*, run_id: int) -> bool:
     if result.context_accepted is not None:
         _measure(run, None, "context_accepted", float(result.context_accepted), "bool",
                  {"context_length": result.context_length})
+    if power.watching:
+        power.read()
+        power.record(run, result.levels)
     VerificationRun.objects.filter(pk=run.pk).update(
         model=result.model, error="; ".join(result.errors)[:500])
     _progress(run, "load test done", 80)
     return True
+
+
+class PowerWatch:
+    """A node's GPU power draw during its load test, as the agent's heartbeats bring it: each
+    card's latest reading and the platform's time of that heartbeat (marketplace writes them),
+    read often enough to see every one. A machine reports power when its cards did before, or
+    its probes read it (NVML's draw among their facts); one that does neither (an agent older
+    than the field, a Mac) is not waited for, and gets no power figures."""
+
+    def __init__(self, run: VerificationRun):
+        self.node_id = run.node_id
+        self.cards = set(Card.objects.filter(node_id=self.node_id, present=True)
+                         .values_list("pk", flat=True))
+        self.readings: dict[int, dict[datetime, int]] = {}  # card id -> {heartbeat time: W}
+        self.since = timezone.now()
+        self.read()
+        probed = [(gpu.get("facts") or {}).get("power_draw_w") for job in run.jobs.filter(
+            status=ProbeJob.Status.DONE) for gpu in (job.result or {}).get("gpus") or []]
+        self.watching = bool(self.readings) or any(w is not None for w in probed)
+
+    def read(self) -> None:
+        for card_id, watts, at in (Card.objects.filter(node_id=self.node_id, present=True)
+                                   .exclude(power_read_at=None).exclude(power_draw_w=None)
+                                   .values_list("pk", "power_draw_w", "power_read_at")):
+            self.readings.setdefault(card_id, {})[at] = watts
+
+    def _idle(self, card_id: int) -> list[int]:
+        return [w for at, w in self.readings.get(card_id, {}).items() if at >= self.since]
+
+    def wait_idle(self, run: VerificationRun) -> None:
+        """Wait (a heartbeat interval at most: the agent hears of the faster interval at its
+        next one) until each card has POWER_IDLE_READINGS readings from before any request."""
+        if not self.watching:
+            return
+        deadline = time.monotonic() + settings.RIGSHARE_HEARTBEAT_INTERVAL_S + 2
+        _progress(run, "load test: reading the idle power draw", 35)
+        while time.monotonic() < deadline and any(
+                len(self._idle(card_id)) < POWER_IDLE_READINGS for card_id in self.cards):
+            time.sleep(POWER_POLL_S)
+            self.read()
+
+    def record(self, run: VerificationRun, levels: list[loadtest.Level]) -> None:
+        """Each card's idle draw (the median of the readings before the first request) and its
+        draw at VERIFIED_CONCURRENCY (the median of those taken while that level ran), as
+        measurements."""
+        first = min((lv.started for lv in levels), default=None)
+        level = next((lv for lv in levels if lv.concurrency == VERIFIED_CONCURRENCY), None)
+        for card_id, readings in self.readings.items():
+            idle = sorted(w for at, w in readings.items()
+                          if at >= self.since and (first is None or at.timestamp() < first))
+            if idle:
+                _measure_card(run, card_id, "power_idle_w", statistics.median(idle), "W",
+                              {"readings": idle})
+            if level is None or not level.completed:
+                continue
+            loaded = sorted(w for at, w in readings.items()
+                            if level.started <= at.timestamp() <= level.ended)
+            if loaded:
+                _measure_card(run, card_id, "power_loaded_w", statistics.median(loaded), "W",
+                              {"readings": loaded, "concurrency": level.concurrency})
+
+
+def _measure_card(run, card_id: int, metric: str, value: float, unit: str, details: dict):
+    Measurement.objects.update_or_create(run=run, card_id=card_id, metric=metric,
+                                         defaults={"value": value, "unit": unit,
+                                                   "details": details})
 
 
 def _advertised_concurrency(node: Node) -> int | None:
@@ -510,8 +609,10 @@ def run_status(run_id: int) -> str | None:
 
 def _publish_verdicts(run, cards, findings, *, share_of=None) -> None:
     specs = _specs()
-    bandwidths = dict(run.measurements.filter(card__in=cards, metric="bandwidth_gbs")
-                      .values_list("card_id", "value"))
+    per_card = {(card_id, metric): value for card_id, metric, value in run.measurements.filter(
+        card__in=cards, metric__in=("bandwidth_gbs", "power_idle_w", "power_loaded_w"))
+        .values_list("card_id", "metric", "value")}
+    single = run.measurements.filter(card__isnull=True, metric="tps@1", value__gt=0).first()
     for card in cards:
         mine = [ev.Finding(f.metric, f.severity, f.claimed, f.expected, f.measured, f.message)
                 for f in findings if f.card_id == card.pk]
@@ -521,9 +622,14 @@ def _publish_verdicts(run, cards, findings, *, share_of=None) -> None:
             card_id=card.pk, status=ev.verdict(mine), tokens_per_s=share,
             model=run.model if share is not None else "",
             concurrency=int(share_of.metric.removeprefix("tps@")) if share is not None else None,
-            reference_spec=spec.name if spec else "", bandwidth_gbs=bandwidths.get(card.pk),
+            reference_spec=spec.name if spec else "",
+            bandwidth_gbs=per_card.get((card.pk, "bandwidth_gbs")),
             spec_bandwidth_gbs=spec.bandwidth_gbs if spec else None,
-            problems=sum(f.severity in (ev.MISMATCH, ev.WARNING) for f in mine))
+            problems=sum(f.severity in (ev.MISMATCH, ev.WARNING) for f in mine),
+            # One request alone, this card's share of it as for the figure under load.
+            single_tokens_per_s=single.value / len(cards) if single and share else None,
+            power_idle_w=per_card.get((card.pk, "power_idle_w")),
+            power_loaded_w=per_card.get((card.pk, "power_loaded_w")))
 
 
 def run_rejudge(*, run_id: int) -> bool:

@@ -43,3 +43,14 @@ def host_summary(node) -> str:
     if node.net_link_mbps:
         parts.append(f"{link_speed(node.net_link_mbps)} link")
     return " · ".join(parts)
+
+
+@register.filter
+def mib_as_gib(mib) -> str:
+    """24,564 MiB as "24.0 GiB": memory as the engines count it."""
+    return "" if mib is None else f"{mib / 1024:,.1f} GiB"
+
+
+@register.filter
+def bytes_as_gib(n) -> str:
+    return "" if n is None else f"{n / 2**30:,.1f} GiB"

@@ -45,6 +45,7 @@ H200 = {
     "pcie_width_current": 16,
     "pcie_width_max": 16,
     "power_mw": 700_000,
+    "power_usage_mw": 112_640,  # idle: the draw NVML reads now
     # What only the probes read (FACTS.md: H200 SXM, 4,800 GB/s spec).
     "serial": "1654922012345",
     "architecture": 9,  # NVML_DEVICE_ARCH_HOPPER
@@ -154,6 +155,7 @@ def fake_nvml(gpus, *, driver="560.35.03", cuda=12060, init_error=None, count_er
         nvmlDeviceGetCurrPcieLinkWidth=device("pcie_width_current"),
         nvmlDeviceGetMaxPcieLinkWidth=device("pcie_width_max"),
         nvmlDeviceGetPowerManagementLimit=device("power_mw"),
+        nvmlDeviceGetPowerUsage=device("power_usage_mw"),
         nvmlDeviceGetSerial=device("serial"),
         nvmlDeviceGetArchitecture=device("architecture"),
         nvmlDeviceGetMemoryBusWidth=device("memory_bus_width"),

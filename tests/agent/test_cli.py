@@ -90,7 +90,7 @@ def test_heartbeat_carries_credential_hardware_and_models(platform, engine, cred
     assert (body["driver_version"], body["cuda_version"]) == ("560.35.03", "12.6")
     assert [(g["name"], g["memory_total_mib"]) for g in body["gpus"]] == [("NVIDIA H200", 143_771)]
     assert body["engine"] == {"url": engine.url, "reachable": True, "models": ["Qwen/Qwen3-27B"],
-                              "error": None,
+                              "error": None, "key_held": None, "key_fingerprint": None,
                               "served": [{"id": "Qwen/Qwen3-27B", "engine": "",
                                           "max_context": None, "quantization": ""}]}
     assert [r.path for r in engine.requests] == ["/v1/models"]
@@ -248,3 +248,17 @@ def test_the_agent_knows_no_simulator(capsys):
             elif isinstance(node, ast.ImportFrom) and node.module:
                 imported.add(node.module.split(".")[0])
     assert "fleetsim" not in imported and "agent" in imported
+
+
+def test_the_gpus_power_draw_is_sent_while_the_platform_asks(platform, engine, credential_file,
+                                                              h200_machine):
+    """`report_power` in an answer: the heartbeats after it carry each GPU's draw (W), until an
+    answer no longer asks."""
+    platform.respond = scripted((200, NODE_REPLY), (200, {**NODE_REPLY, "report_power": True}),
+                                (200, {**NODE_REPLY, "report_power": True}), (200, NODE_REPLY),
+                                (403, {"detail": "revoked"}))
+    assert run_agent(credential_file, engine.url) == 1
+    draws = [[gpu.get("power_draw_w") for gpu in r.body["gpus"]] for r in heartbeats(platform)]
+    # The fake H200 reads 112,640 mW.
+    assert draws == [[None], [None], [113], [113], [None]]
+    assert "power_draw_w" not in heartbeats(platform)[0].body["gpus"][0]

@@ -3,7 +3,7 @@ import subprocess
 import pytest
 
 from agent.hardware import hardware_facts
-from agent.nvml import NoNvidia, read_nvidia
+from agent.nvml import NoNvidia, read_nvidia, read_power_draw
 from tests.agent.fakes import (
     H200,
     MIB,
@@ -157,3 +157,13 @@ def test_intel_mac_reports_no_gpu():
                                    run=mac(brand="Intel(R) Core(TM) i9-9880H CPU @ 2.30GHz"))
     assert facts["gpus"] == []
     assert "without GPUs" in notice
+
+
+def test_power_draw_is_read_in_watts_where_nvml_can():
+    # NVML answers in milliwatts: 112,640 mW is 113 W. A GPU that cannot say is left out.
+    nvml = fake_nvml([H200, {**RTX_4090, "power_usage_mw": NVMLError_NotSupported("Not Sup")},
+                      {**RTX_4090, "uuid": "GPU-third", "power_usage_mw": 402_499}])
+    assert read_power_draw(nvml) == {0: 113, 2: 402}
+    assert nvml.calls[0] == "init" and nvml.calls[-1] == "shutdown"
+    assert read_power_draw(None) == {}  # no pynvml
+    assert read_power_draw(fake_nvml([], init_error=NVMLError_DriverNotLoaded("no"))) == {}

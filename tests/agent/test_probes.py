@@ -260,6 +260,7 @@ H200_PROBE_FACTS = {
     "pcie_gen_current": 5, "pcie_gen_max": 5, "pcie_width_current": 16, "pcie_width_max": 16,
     "power_limit_w": 700, "power_default_limit_w": 700, "virtualization_mode": 0,
     "ecc_mode": 1, "ecc_errors": 0, "driver_version": "560.35.03", "cuda_version": "12.6",
+    "power_draw_w": 113,  # 112,640 mW now
 }
 
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def operator(db):
-    return UserFactory(email="ops@example.com", is_staff=True, is_superuser=True)
+    return UserFactory(email="ops@example.com", is_staff=True, is_superuser=True, two_factor=True)
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_grant_credit_action_on_a_wallet(client, operator, alice, bob):
 
 
 def test_staff_without_the_permission_cannot_grant(client, alice):
-    staff = UserFactory(is_staff=True)
+    staff = UserFactory(is_staff=True, two_factor=True)
     staff.user_permissions.add(Permission.objects.get(codename="view_account"))
     client.force_login(staff)
     assert client.get("/admin/billing/account/").status_code == 200

@@ -96,7 +96,7 @@ def test_anonymous_is_sent_to_log_in(client, url):
 
 
 def test_anonymous_cannot_post_either(client, alice):
-    key, _ = keys.api_key_create(user=alice, name="k")
+    key, _ = keys.api_key_create(user=alice, name="k", spend_limit_micros=USD)
     for url in ["/billing/", f"/billing/keys/{key.pk}/revoke/", "/billing/payouts/"]:
         response = client.post(url, {"amount": "50", "card_number": SUCCEEDS})
         assert response.status_code == 302, url
@@ -665,8 +665,10 @@ def test_payouts_page_and_request(client, bob, carol, mallory, settings):
     client.force_login(mallory)
     html = client.get("/billing/payouts/").content.decode()
     assert f'data-payout="{payout.pk}"' not in html and '<dd class="price" id="earnings">$0.00' in html
-    assert "Set where to pay you first" in client.post("/billing/payouts/", {"amount": "50"}
-                                                      ).content.decode()
+    # mallory has no second factor: refused before anything else is looked at
+    assert "Turn on two-factor authentication before you request a payout" in client.post(
+        "/billing/payouts/", {"amount": "50"}).content.decode()
+    assert Payout.objects.count() == 1
 
 
 @pytest.mark.parametrize("fields, field, message", [

@@ -1,6 +1,7 @@
 """`make demo` as a newcomer runs it: started, used, stopped with Ctrl-C, and started again on
 the same clone (its machines enrolled already), each time with the fleet really online."""
 
+import json
 import os
 import re
 import signal
@@ -89,6 +90,29 @@ def heartbeats_since(database_url: str, since: float) -> int:
         conn.close()
 
 
+# The demo's Mac runs its engine through its agent (scripts/demo.sh, --agent-engines).
+OWN_ENGINE_MACHINE = "m4-max-llamacpp-1"
+
+
+def own_engine(database_url: str) -> tuple[str, dict]:
+    """The state and the process (docs/agent-protocol.md, section 4) of the engine that the
+    Mac's agent runs, as its heartbeats told the platform."""
+    conn = sqlite3.connect(database_url.removeprefix("sqlite:///"), timeout=10)
+    try:
+        row = conn.execute("SELECT engine_state, engine_process FROM marketplace_node "
+                           "WHERE hostname = ?", [OWN_ENGINE_MACHINE]).fetchone()
+    finally:
+        conn.close()
+    return (row[0], json.loads(row[1])) if row else ("", {})
+
+
+def running(pid) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError, TypeError):
+        return False
+
+
 # Each demo user's pages, on the demo's own database (SQLite): a query written for PostgreSQL
 # alone would answer 500 here and nowhere in the rest of the suite.
 DEMO_USERS = {"alice": "demo-alice-2026", "bob": "demo-bob-2026", "carol": "demo-carol-2026",
@@ -98,7 +122,11 @@ DEMO_PAGES = ["/", "/?q=4090&sort=-capacity", "/models/", "/developers/", "/rent
               "/billing/usage/", "/billing/keys/", "/billing/payouts/",
               "/billing/payouts/destination/", "/billing/statement.csv", "/provider/",
               "/provider/earnings/", "/provider/alerts/", "/activity/", "/activity.csv",
-              "/accounts/tokens/", "/api/cards/", "/api/docs/", "/staff/pool/", "/admin/"]
+              "/accounts/tokens/", "/api/cards/", "/api/docs/", "/staff/pool/", "/admin/",
+              "/accounts/", "/accounts/email/", "/accounts/password/change/", "/accounts/2fa/",
+              "/accounts/sessions/", "/accounts/data.json", "/accounts/close/",
+              "/tools/vram", "/?model=Qwen/Qwen3-27B&context=32768&quant=fp8",
+              "/tools/break-even", "/?sort=cost", "/api/cards/?sort=-cost"]
 
 
 def pages_that_fail(url: str) -> list[str]:
@@ -108,13 +136,18 @@ def pages_that_fail(url: str) -> list[str]:
             form = client.get("/accounts/login/")
             token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)[1]
             client.post("/accounts/login/", data={
-                "csrfmiddlewaretoken": token, "username": f"{user}@rigshare.test",
+                "csrfmiddlewaretoken": token, "login": f"{user}@rigshare.test",
                 "password": password}, headers={"Referer": url + "/accounts/login/"})
             assert client.get("/rentals/").status_code == 200, f"{user} could not log in"
             paths = list(DEMO_PAGES)
             paths += sorted(set(re.findall(r'href="(/rentals/\d+/)"',
                                            client.get("/rentals/").text)))
             paths += sorted(set(re.findall(r'href="(/cards/\d+/)"', client.get("/").text)))[:3]
+            # The provider's own cards: each one's break-even calculator; their machines' pages.
+            provider = client.get("/provider/").text
+            paths += sorted(set(re.findall(r'href="(/provider/cards/\d+/break-even)"',
+                                           provider)))[:3]
+            paths += sorted(set(re.findall(r'href="(/provider/machines/\d+/)"', provider)))
             failed += [f"{path} as {user}: {status}" for path in paths
                        if (status := client.get(path).status_code) >= 500]
     return failed
@@ -128,16 +161,31 @@ def test_the_demo_runs_twice_on_the_same_clone(tmp_path, demo_database):
         started = time.time()
         proc, out = start_demo(tmp_path, port, run, demo_database)
         banners.append(out)
+        process: dict = {}
         try:
             # The machine really runs: it reports after this start, not only in the last one.
             deadline = time.monotonic() + 30
             while heartbeats_since(demo_database, started) < 2:
                 assert time.monotonic() < deadline, f"run {run}: the fleet is not reporting"
                 time.sleep(0.5)
+            # One machine's agent runs its engine as its child: started, and answering.
+            while (engine := own_engine(demo_database))[0] != "ready":
+                assert time.monotonic() < deadline, f"run {run}: the Mac's engine: {engine}"
+                time.sleep(0.5)
+            state, process = engine
+            assert process["mode"] == "command" and process["argv"][1:4] == [
+                "-m", "fleetsim", "serve"] and running(process["pid"])
             key = re.search(r"^\s+(rs_\S+)$", out, re.M)[1]
             catalog = httpx.get(url + "/", timeout=30)
             assert catalog.status_code == 200
             assert catalog.text.count("RTX 4090") >= 2, out  # both cards of the machine
+            # What fits: the fleet's 27B at 4-bit and 8,192 tokens fits a 24 GB card on its own,
+            # so /tools/vram links the 4090 that is for rent (alice rents the other).
+            fits = httpx.get(url + "/tools/vram", params={
+                "model": "Qwen/Qwen3-27B", "context": 8192, "quant": "awq"}, timeout=30)
+            assert fits.status_code == 200
+            assert len(re.findall(r'<li data-card="\d+"><a href="/cards/\d+/">NVIDIA GeForce '
+                                  r'RTX 4090</a>', fits.text)) == 1, fits.text
             models = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"},
                                timeout=30)
             assert models.status_code == 200 and models.json()["object"] == "list"
@@ -146,6 +194,8 @@ def test_the_demo_runs_twice_on_the_same_clone(tmp_path, demo_database):
             assert proc.poll() is None
         finally:
             stop_demo(proc)
+        # Ctrl-C stopped the agent, and the agent its engine (in a session of its own).
+        assert not running(process.get("pid")), f"run {run}: the Mac's engine outlived the demo"
     # The banner says what is true: how many of the machines reported since this start.
     assert all("2 of 2 simulated machines online and listed." in out for out in banners)
     state = tmp_path / "state"

@@ -59,6 +59,8 @@ PAGES = [
     Page("/provider/alerts/", "bob", ("verified_card", "flagged_card", "alerts")),
     Page("/provider/", "bob", click="#add-machine", ids="add machine as bob"),
     Page("/provider/machines/{node}/", "bob", ("verified_card",)),
+    Page("/provider/machines/{engine_node}/", "bob", ("engine_node",),
+         screenshot="engine-config", ids="a machine's engine configuration with an override"),
     Page("/provider/earnings/", "bob", ("rentals",)),
     Page("/billing/payouts/", "bob"),
     Page("/billing/payouts/destination/", "bob", ("payout_destination",)),
@@ -66,8 +68,29 @@ PAGES = [
     Page("/billing/keys/{api_key}/", "carol", ("api_key",)),
     Page("/billing/usage/", "carol", ("api_key",)),
     Page("/accounts/tokens/", "carol"),
+    Page("/accounts/password/reset/"),
+    Page("/accounts/", "alice", screenshot="account"),
+    Page("/accounts/", "bob", ids="account settings with two-factor on"),
+    Page("/accounts/email/", "alice"),
+    Page("/accounts/password/change/", "alice"),
+    Page("/accounts/2fa/", "alice"),
+    Page("/accounts/2fa/", "bob", ids="two-factor on"),
+    Page("/accounts/2fa/totp/activate/", "alice", ids="password asked again before two-factor"),
+    Page("/accounts/sessions/", "alice"),
+    Page("/accounts/close/", "alice", ("receipt",)),
     Page("/staff/pool/", "staff", ("worker",)),
     Page("/models/", None, ("worker", "model_price"), screenshot="models"),
+    Page("/tools/vram?model=Qwen%2FQwen3.5-27B&context=262144&quant=bf16", None,
+         ("verified_card",), ids="what fits"),
+    Page("/tools/vram?model=Qwen%2FQwen3.5-27B&context=999999", None,
+         ids="what fits with a refused context"),
+    Page("/tools/break-even", None, ("owned_fleet",), screenshot="tools-break-even",
+         ids="break-even from the fleet's medians"),
+    Page("/tools/break-even?api_usd_per_mtok=-1&electricity=custom", None, ("owned_fleet",),
+         ids="break-even with refused inputs"),
+    Page("/tools/break-even", None, ids="break-even with no verified card"),
+    Page("/provider/cards/{owned_fleet}/break-even", "bob", ("owned_fleet",),
+         screenshot="provider-break-even", ids="break-even of a provider's card"),
     Page("/developers/", None),
     Page("/developers/", "carol", screenshot="developers"),
     Page("/activity/", "carol", ("worker", "model_price", "api_key", "activity"),
@@ -80,6 +103,7 @@ PAGES = [
 # What the pages need, made through the services where one exists. Each takes the users and
 # what was made before it, and returns the value its name stands for in a URL.
 def _node(users, made, *, flagged: bool):
+    from marketplace import services as marketplace
     from marketplace.models import Card
     from tests.factories import CardFactory, ListingFactory, NodeFactory
     from verification.models import Finding, Measurement, VerificationRun
@@ -93,6 +117,7 @@ def _node(users, made, *, flagged: bool):
                                             else Card.Verification.VERIFIED),
                        verified_tokens_per_s=1342.0, reference_spec="H200")
     ListingFactory(card=card, price_per_hour_micros=3_000_000, claimed_vram_gb=141)
+    marketplace.listing_costs_refresh(card_ids=[card.pk])  # as publishing the verdict does
     ListingFactory(card=CardFactory(node=node, index=1, name="NVIDIA H200",
                                     memory_total_mib=143771), is_listed=False)
     run = VerificationRun.objects.create(node=node, trigger="enrolment", status="done",
@@ -216,6 +241,72 @@ def _alerts(users, made):
     return flagged.pk
 
 
+def _engine_node(users, made):
+    """bob's 2x RTX 4090 serving the 27B at FP8 (fleetsim's 2x-rtx-4090), verified, with one
+    flag he set by hand; its agent runs the engine (docs/agent-protocol.md, section 4)."""
+    from django.utils import timezone
+
+    from marketplace import services as marketplace
+    from tests.factories import CardFactory, NodeFactory
+
+    node = NodeFactory(owner=users["bob"], name="rig-pair", os="Linux 6.8.0-45-generic",
+                       has_nvidia=True, engine_models=["Qwen/Qwen3-27B"],
+                       engine_served=[{"id": "Qwen/Qwen3-27B", "engine": "vllm",
+                                       "max_context": 65536, "quantization": "fp8"}],
+                       engine_state="ready", engine_state_since=timezone.now(),
+                       engine_process={
+                           "state": "ready", "mode": "platform", "model": "Qwen/Qwen3-27B",
+                           "quantization": "fp8", "pid": 48211, "exit_code": -9,
+                           "restarts": 1, "restart_seen": 0, "error": None,
+                           "argv": ["vllm", "serve", "Qwen/Qwen3-27B",
+                                    "--tensor-parallel-size", "2", "--port", "8000",
+                                    "--api-key", "***"],
+                           "log_tail": ["INFO Starting vLLM API server on http://0.0.0.0:8000",
+                                        "INFO Application startup complete."]})
+    for index in range(2):
+        CardFactory(node=node, index=index, bandwidth_gbs=905.0)
+    marketplace.engine_override_set(node_id=node.pk, owner=users["bob"], set_by=users["bob"],
+                                    flag="--max-num-seqs", value="24",
+                                    reason="Long agent sessions: fewer at once, each faster")
+    return node.pk
+
+
+def _owned_fleet(users, made):
+    """Three of bob's RTX 4090s serving the 27B, verified with their power draw (figures as
+    fleetsim's rtx-4090 would measure), two listed, one rented for a while; the platform sells
+    the model at $0.80 per 1M output tokens. The first card's id."""
+    from billing.models import ModelPrice
+    from marketplace import services as marketplace
+    from routing.models import EngineModel, Model
+    from tests.factories import CardFactory, ListingFactory, NodeFactory, RentalFactory
+
+    model, _ = Model.objects.get_or_create(name="qwen3-27b",
+                                           defaults={"context_length": 32_768})
+    EngineModel.objects.get_or_create(engine_model_id="Qwen/Qwen3-27B",
+                                      defaults={"model": model})
+    if not ModelPrice.objects.filter(model="qwen3-27b").exists():
+        ModelPrice.objects.create(model="qwen3-27b", input_micros_per_mtok=200_000,
+                                  output_micros_per_mtok=800_000,
+                                  effective_at=timezone.now() - timedelta(days=1))
+    cards = []
+    for i, (single, loaded, idle, busy, price) in enumerate((
+            (88.0, 214.0, 25.0, 402.0, 450_000), (91.0, 219.0, 24.0, 405.0, 400_000),
+            (90.0, 221.0, 26.0, 399.0, None))):
+        card = CardFactory(node=NodeFactory(owner=users["bob"], name=f"rig-4090-{i + 1}",
+                                            region="eu-central"),
+                           first_seen_at=timezone.now() - timedelta(days=3))
+        ListingFactory(card=card, is_listed=price is not None, price_per_hour_micros=price or 0)
+        marketplace.card_verification_publish(
+            card_id=card.pk, status="verified", tokens_per_s=loaded, reference_spec="RTX 4090",
+            model="Qwen/Qwen3-27B", concurrency=32, single_tokens_per_s=single,
+            power_idle_w=idle, power_loaded_w=busy)
+        cards.append(card)
+    RentalFactory(card=cards[0], renter=users["alice"], price_per_hour_micros=450_000,
+                  started_at=timezone.now() - timedelta(hours=30),
+                  stopped_at=timezone.now() - timedelta(hours=20))
+    return cards[0].pk
+
+
 def _payout_destination(users, made):
     from billing import services as billing
 
@@ -238,6 +329,8 @@ DATA = {
     "activity": _activity,
     "alerts": _alerts,
     "payout_destination": _payout_destination,
+    "engine_node": _engine_node,
+    "owned_fleet": _owned_fleet,
 }
 
 
@@ -259,7 +352,7 @@ def users(alice, bob, carol, fund, server_threads_closed):
     from tests.factories import UserFactory
 
     return {"alice": alice, "bob": bob, "carol": carol, "fund": fund,
-            "staff": UserFactory(email="ops@example.com", is_staff=True)}
+            "staff": UserFactory(email="ops@example.com", is_staff=True, two_factor=True)}
 
 
 def log_in(page, live_server, user) -> None:

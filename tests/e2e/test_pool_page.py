@@ -31,7 +31,7 @@ def test_the_pool_page_shows_a_new_worker_without_a_reload(page, live_server, bo
     from playwright.sync_api import expect
 
     first = _worker(bob, "Qwen/Qwen3-27B", 1342.0)
-    staff = UserFactory(email="ops@example.com", is_staff=True)
+    staff = UserFactory(email="ops@example.com", is_staff=True, two_factor=True)
     client = Client()
     client.force_login(staff)
     page.context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value,

@@ -292,3 +292,24 @@ def test_up_says_in_one_line_why_it_cannot_listen(tmp_path):
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"fleetsim: cannot listen on 127.0.0.1:{port}: ")
+
+
+def test_a_machine_of_an_agent_engine_profile_has_its_agent_start_the_engine(tmp_path, capsys):
+    from agent.cli import build_parser as agent_parser
+    from fleetsim.fleet import agent_run_args
+
+    own, served = plan_machines(["m4-max-llamacpp", "h200"], ["t1", "t2"], tmp_path, 9300,
+                                agent_engines=frozenset({"m4-max-llamacpp"}))
+    assert (own.own_engine, served.own_engine) == (True, False)
+    args = agent_parser().parse_args(agent_run_args(own, time_scale=50))
+    assert args.engine_command.split()[1:] == ["-m", "fleetsim", "serve", "--profile",
+                                               "m4-max-llamacpp", "--port", "9300",
+                                               "--time-scale", "50"]
+    assert args.engine_url == "http://127.0.0.1:9300"
+    assert args.state_dir == tmp_path / "m4-max-llamacpp-1.engine"
+    assert agent_parser().parse_args(agent_run_args(served)).engine_command is None
+
+    typo = build_parser().parse_args(["up", "--platform", "http://p", "--profiles", "h200",
+                                      "--tokens", "t", "--agent-engines", "m4-max"])
+    assert typo.command(typo) == 1  # said, not ignored
+    assert "--agent-engines: unknown fleetsim profile 'm4-max'" in capsys.readouterr().err

@@ -7,7 +7,13 @@ import pytest
 
 from agent import hardware
 from fleetsim.__main__ import main
-from tests.agent.conftest import credential_file, engine, platform  # noqa: F401 (fixtures)
+from tests.agent.conftest import (  # noqa: F401 (fixtures)
+    NODE_REPLY,
+    credential_file,
+    engine,
+    platform,
+)
+from tests.agent.fakes import scripted
 
 
 def simulated(capsys, machine_id, *command):
@@ -48,3 +54,18 @@ def test_unknown_profile_is_refused(capsys):
     assert exit_.value.code == 2
     assert "invalid choice: 'h999'" in capsys.readouterr().err
 
+
+
+def test_a_simulated_machine_reports_its_power_draw_when_asked(
+        platform, engine, credential_file):  # noqa: F811
+    """The agent is run with the machine's engine URL; asked (report_power), the heartbeats
+    carry each GPU's draw for the batch that engine runs (none: idle, 25 W on a 4090)."""
+    platform.respond = scripted((200, {**NODE_REPLY, "report_power": True}), (200, NODE_REPLY),
+                                (403, {"detail": "revoked"}))
+    assert main(["agent", "--profile", "2x-rtx-4090", "--machine-id", "box-1", "run",
+                 "--engine-url", engine.url, "--credential-file", str(credential_file),
+                 "--interval", "0.05"]) == 1
+    beats = [r.body for r in platform.requests if r.path == "/api/agent/heartbeat/"]
+    assert [[g.get("power_draw_w") for g in b["gpus"]] for b in beats] == [
+        [None, None], [25, 25], [None, None]]
+    assert any(r.path == "/metrics" for r in engine.requests)  # its load, read from the engine

@@ -66,7 +66,7 @@ FACT_TYPES = {
     "power_limit_w": (int, type(None)), "power_default_limit_w": (int, type(None)),
     "virtualization_mode": (int, type(None)), "ecc_mode": (int, type(None)),
     "ecc_errors": (int, type(None)), "driver_version": (str, type(None)),
-    "cuda_version": (str, type(None)),
+    "cuda_version": (str, type(None)), "power_draw_w": (int, type(None)),
 }
 # Never null on an NVIDIA machine: NVML and CUDA answer all of them (serial and ECC are
 # unsupported on GeForce cards, so they may be).

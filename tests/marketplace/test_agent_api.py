@@ -92,7 +92,9 @@ def test_first_heartbeat_creates_node_facts_and_one_card_per_gpu(api, bob):
     response = beat(api, enrolled["credential"], report(gpus=[H200, second]))
     assert response.status_code == 200, response.content
     assert response.json() == {"node_id": enrolled["node_id"], "status": "online",
-                               "needs_review": False, "heartbeat_interval_s": 10, "jobs": []}
+                               "needs_review": False, "heartbeat_interval_s": 10, "jobs": [],
+                               # Its first run starts: its GPUs' draw is asked for at once.
+                               "report_power": True}
     node = Node.objects.get(pk=enrolled["node_id"])
     assert node.status == "online" and node.last_heartbeat_at is not None
     assert (node.driver_version, node.cuda_version, node.agent_version) == (

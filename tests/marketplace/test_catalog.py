@@ -312,6 +312,8 @@ PAGES = [
     ("/", {"q": "bulk-1", "verified": "", "sort": "-capacity"}),
     ("/api/cards/", {}),
     ("/api/cards/", {"q": "4090", "min_reliability": "90", "sort": "vram"}),
+    ("/", {"sort": "cost"}),
+    ("/api/cards/", {"sort": "-cost"}),
 ]
 
 

@@ -21,6 +21,7 @@ from marketplace.admin import NodeAdmin
 from marketplace.models import Node, NodeUptimeHour
 from tests.marketplace.test_agent_api import H200
 from verification import services as verification
+from verification.models import VerificationRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,7 +83,7 @@ def test_a_repeated_report_is_answered_without_touching_the_database(agent):
     first = agent(report())
     assert first.status_code == 200, first.content
     assert first.json() == {"node_id": agent.node_id, "status": "online", "needs_review": False,
-                            "heartbeat_interval_s": 10, "jobs": []}
+                            "heartbeat_interval_s": 10, "jobs": [], "report_power": False}
     assert entry(agent.prefix) is not None
     stored = Node.objects.get(pk=agent.node_id).last_heartbeat_at
     assert counted(agent.node_id) == 1
@@ -245,9 +246,7 @@ def test_a_gpu_uuid_let_go_by_its_holder_frees_the_newcomer_at_once(platform, bo
     try:
         for enrolment in agents:
             beat(enrolment, [copy.deepcopy(H200)])  # the first report queues verification
-            for job in verification.jobs_for_node(enrolment.node.pk):
-                verification.job_result_record(node_id=enrolment.node.pk, job_id=job["id"],
-                                               status="failed", result=None, error="no GPU")
+            verified(enrolment.node.pk)
         assert beat(newcomer, [copy.deepcopy(H200)])["needs_review"] is True
         assert entry(newcomer.node.credential_prefix) is not None
 
@@ -352,15 +351,63 @@ def test_a_pcie_link_that_moves_with_load_is_no_new_report(platform, bob):
         return response.json()
 
     beat()  # the first report queues verification
-    for job in verification.jobs_for_node(node_id):
-        verification.job_result_record(node_id=node_id, job_id=job["id"], status="failed",
-                                       result=None, error="no GPU")
+    verified(node_id)
     beat()
     assert entry(enrolment.node.credential_prefix) is not None
     beat(pcie_gen_current=1, pcie_width_current=8)  # idle: the link slowed down
     assert set(live()) == {str(node_id).encode()}  # answered from Redis
     beat(pcie_gen_max=4)  # a different card slot: a new report
     assert Node.objects.get(pk=node_id).cards.get().pcie_gen_max == 4
+
+
+def verified(node_id):
+    """The node's verification run, taken to its end (its probes failed, it has no engine to
+    load-test): while a run measures a machine its heartbeats are never repeated answers."""
+    for job in verification.jobs_for_node(node_id):
+        verification.job_result_record(node_id=node_id, job_id=job["id"], status="failed",
+                                       result=None, error="no GPU")
+    run = VerificationRun.objects.get(node_id=node_id)
+    assert verification.run_load_test(run_id=run.pk) and verification.run_evaluate(run_id=run.pk)
+    assert verification.run_publish(run_id=run.pk)
+
+
+def test_while_a_run_measures_the_machine_its_gpus_report_power_in_full(platform, bob):
+    """A run asks for the GPUs' power draw (report_power), and once its probes are in, a
+    heartbeat a second; none of those answers is kept for repeats. After the run a draw that
+    moved makes no new report either."""
+    _, token = services.enrolment_token_create(owner=bob)
+    enrolment = services.node_enroll(token=token, hostname="gpu-box-1", agent_version="0.1")
+    node_id, prefix = enrolment.node.pk, enrolment.node.credential_prefix
+
+    def beat(**gpu):
+        body = report(nvidia=True, gpus=[copy.deepcopy(H200) | gpu])
+        response = httpx.post(f"{platform.url}{PATH}", json=body, timeout=10,
+                              headers={"Authorization": f"Bearer {enrolment.credential}"})
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    beat()  # the first report queues verification
+    answer = beat()
+    assert answer["report_power"] is True and answer["jobs"]
+    assert answer["heartbeat_interval_s"] == 10  # probes running: the usual pace
+    for job in verification.jobs_for_node(node_id):
+        verification.job_result_record(node_id=node_id, job_id=job["id"], status="failed",
+                                       result=None, error="no GPU")
+    answer = beat(power_draw_w=118)
+    assert (answer["report_power"], answer["heartbeat_interval_s"]) == (True, 1)
+    card = Node.objects.get(pk=node_id).cards.get()
+    assert card.power_draw_w == 118 and card.power_read_at is not None
+    beat(power_draw_w=121)
+    assert entry(prefix) is None and live() == {}  # every one of them taken in full
+    assert Node.objects.get(pk=node_id).cards.get().power_draw_w == 121
+
+    verified(node_id)
+    answer = beat(power_draw_w=95)
+    assert (answer["report_power"], answer["heartbeat_interval_s"]) == (False, 10)
+    assert entry(prefix) is not None
+    beat(power_draw_w=390)  # a draw that moved is the same report
+    assert set(live()) == {str(node_id).encode()}
+    assert Node.objects.get(pk=node_id).cards.get().power_draw_w == 95  # kept for the next full
 
 
 def test_a_report_repeated_after_the_bound_takes_the_full_path(agent):

@@ -120,7 +120,7 @@ def test_no_page_or_api_shows_a_full_uuid_to_the_public(client, api, bob, incumb
     assert H200["uuid"] not in client.get(f"/cards/{card.pk}/").content.decode()
     client.force_login(bob)
     assert H200["uuid"] in client.get(f"/cards/{card.pk}/").content.decode()
-    client.force_login(UserFactory(email="staff@example.com", is_staff=True))
+    client.force_login(UserFactory(email="staff@example.com", is_staff=True, two_factor=True))
     assert H200["uuid"] in client.get(f"/cards/{card.pk}/").content.decode()
 
 

@@ -85,7 +85,7 @@ def test_a_rented_card_answers_only_its_renters_keys_and_bills_no_tokens(
     RentalFactory(card=Card.objects.get(node_id=deployment.node_id), renter=carol)
     pool.POOL.invalidate()
     fund(mallory, 10_000_000)
-    _, other_key = api_key_create(user=mallory, name="other")
+    _, other_key = api_key_create(user=mallory, name="other", spend_limit_micros=10**12)
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 5}
     for stream in (False, True):
         response = post(v1, carol_key, body | {"stream": stream})
@@ -213,6 +213,9 @@ def test_health_check_takes_a_dead_engine_out_and_brings_it_back(engine, deploy)
     dead.refresh_from_db()
     assert alive.healthy and not dead.healthy and dead.health_failures == 2
     assert workers(pool.build()) == [alive.pk]
+    # fleetsim's engine takes no key: the check saw it serve a request without one.
+    assert Node.objects.get(pk=alive.node_id).engine_key_enforced is False
+    assert Node.objects.get(pk=dead.node_id).engine_key_enforced is None
     Node.objects.filter(pk=dead.node_id).update(engine_url=alive.node.engine_url,
                                                 engine_connect_url=alive.node.engine_url)
     services.deployments_check_health()

@@ -83,7 +83,7 @@ def test_the_pool_page_shows_weights_shares_load_health_and_traffic(client, engi
         RequestLog(request_id=f"r{i}", created_at=now - timedelta(minutes=2), endpoint="chat",
                    model="qwen3-27b", deployment_id=pro.pk if i % 4 else pair.pk, status=200,
                    latency_ms=1.0) for i in range(40))
-    client.force_login(UserFactory(email="ops@example.com", is_staff=True))
+    client.force_login(UserFactory(email="ops@example.com", is_staff=True, two_factor=True))
     response = client.get("/staff/pool/")
     assert response.status_code == 200
     html = response.content.decode()
@@ -111,7 +111,7 @@ def test_a_circuit_another_process_holds_open_shows_on_the_page(client, engine, 
             BREAKER.failure(pro.pk)
         pool.load_exchange({})  # ...and says so with its load
     BREAKER.__init__()  # this one never saw it fail
-    client.force_login(UserFactory(email="ops@example.com", is_staff=True))
+    client.force_login(UserFactory(email="ops@example.com", is_staff=True, two_factor=True))
     response = client.get("/staff/pool/")
     (model,) = response.context["pool"]["models"]
     assert {r["ref"]: r["breaker_open"] for r in model["workers"]}[pro.worker_ref] == 1

@@ -8,19 +8,24 @@ machine: `python -m fleetsim agent`), the one thing mocked here, and the test pu
 card's verified capacity as a verification run would (verification has its own tests); the
 engine, the agent, the proxy and the billing are the real ones."""
 
+import asyncio
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import httpx
 import pytest
 
 from billing.models import Charge, ModelPrice
 from marketplace import services as marketplace
 from marketplace.models import Card, Node
+from routing import services as routing
 from routing.models import Deployment, EngineModel, Model
 from routing.pool import POOL
-from tests.engine import ALIAS, llama_server_fixture
+from tests.engine import ALIAS, llama_server, llama_server_fixture
 from tests.routing.test_api import sdk
+from verification import loadtest
 from verification.models import VerificationRun, VerifiedCapacity
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.django_db(transaction=True)]
@@ -41,14 +46,20 @@ def simulated_agent(*args: str) -> subprocess.CompletedProcess:
                                 "--machine-id", "m4-max-1"))
 
 
-@pytest.fixture
-def served_by_the_real_engine(v1, llama, bob, tmp_path):
+def enrolled_agent(v1, bob, tmp_path) -> str:
+    """`agent enroll` for bob's machine: the credential file's path."""
     platform = v1.removesuffix("/v1")
     _, token = marketplace.enrolment_token_create(owner=bob)
     credential = str(tmp_path / "agent.json")
     enrolled = agent("enroll", "--platform", platform, "--token", token,
                      "--credential-file", credential)
     assert enrolled.returncode == 0, enrolled.stderr
+    return credential
+
+
+def serve(llama, bob, credential):
+    """One heartbeat of the agent for the engine at `llama`, and the operator's part: the
+    engine's model public, priced and mapped, the card verified."""
     # llama-cpp-python's server does not say its engine, context or quantization: the
     # provider says them with the agent's flags.
     beat = simulated_agent("run", "--engine-url", llama, "--credential-file", credential,
@@ -74,6 +85,43 @@ def served_by_the_real_engine(v1, llama, bob, tmp_path):
                                           tokens_per_s=70.0, reference_spec="")
     POOL.invalidate()
     return deployment
+
+
+@pytest.fixture
+def served_by_the_real_engine(v1, llama, bob, tmp_path):
+    return serve(llama, bob, enrolled_agent(v1, bob, tmp_path))
+
+
+def test_an_engine_started_with_its_key_answers_only_the_platform(
+        v1, bob, carol_key, tmp_path, settled):
+    """The key issued at enrolment, in the file `agent enroll` wrote, given to the engine as
+    its API key: a stranger is refused, the platform's proxy and health checks are not."""
+    credential = enrolled_agent(v1, bob, tmp_path)
+    key = (Path(tmp_path) / "agent-engine" / "engine-key").read_text().strip()
+    assert key.startswith("rsk_")
+    with llama_server(n_ctx=N_CTX, api_key=key) as engine:
+        assert httpx.get(f"{engine}/v1/models").status_code == 401
+        assert httpx.get(f"{engine}/v1/models",
+                         headers={"Authorization": "Bearer rsk_wrong"}).status_code == 401
+        assert httpx.get(f"{engine}/v1/models",
+                         headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        serve(engine, bob, credential)
+        node = Node.objects.get(owner=bob)
+        # The agent reported its engine answers this key: the platform sends it from now on.
+        assert node.engine_key_fingerprint and not node.engine_key_next
+        assert key not in str(node.engine_key_sealed)  # sealed at rest
+        routing.deployments_check_health()
+        node.refresh_from_db()
+        assert node.engine_key_enforced is True
+        assert Deployment.objects.get(node=node).healthy
+        reply = sdk(v1, carol_key).chat.completions.create(
+            model=PUBLIC, messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=8, temperature=0)
+        assert reply.choices[0].message.content and reply.usage.completion_tokens == 8
+        settled()
+        # The verification load test calls the engine with the key too.
+        measured = asyncio.run(loadtest.run_load_test(engine, levels=(1,), engine_key=key))
+        assert [(level.completed, level.failed) for level in measured.levels] == [(1, 0)]
 
 
 def test_openai_sdk_through_rigshare_to_a_real_llama_cpp_engine(

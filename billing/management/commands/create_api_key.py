@@ -26,6 +26,7 @@ class Command(BaseCommand):
         limit = None if spend_limit is None else parse_usd(spend_limit, what="The spend limit")
         allowed = list(dict.fromkeys(m.strip() for m in models.split(",") if m.strip()))
         row, token = keys.api_key_create(user=user, name=name.strip(), spend_limit_micros=limit,
-                                         spend_period=period, allowed_models=allowed)
+                                         spend_period=period, allowed_models=allowed,
+                                         by_operator=True)
         self.stderr.write(f"API key {row.name!r} for {user.email} (shown once; store it now):")
         self.stdout.write(token)

@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from allauth.account.models import EmailAddress
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
@@ -75,8 +76,11 @@ class Command(BaseCommand):
             for email, (password, _) in DEMO_USERS.items():
                 if not User.objects.filter(email=email).exists():
                     staff = email.startswith("admin@")
-                    User.objects.create_user(email, password, is_staff=staff,
-                                             is_superuser=staff)
+                    user = User.objects.create_user(email, password, is_staff=staff,
+                                                    is_superuser=staff)
+                    # Demo addresses count as verified; the console prints every email.
+                    EmailAddress.objects.create(user=user, email=email, primary=True,
+                                                verified=True)
         bob = User.objects.get(email=PROVIDER)
         state_dir.mkdir(parents=True, exist_ok=True)
         tokens = []
@@ -149,7 +153,8 @@ class Command(BaseCommand):
                                        node__status=Node.Status.ONLINE).order_by("pk").first()
             if card is not None:
                 services.rental_start(renter=alice, card_id=card.pk)
-        _, token = api_key_create(user=carol, name=f"demo {timezone.now():%Y-%m-%d %H:%M}")
+        _, token = api_key_create(user=carol, name=f"demo {timezone.now():%Y-%m-%d %H:%M}",
+                                  by_operator=True)
         self.stdout.write(f"DEMO_API_KEY={token}")
 
 
