@@ -106,7 +106,7 @@ LLAMACPP_ALL_LAYERS = 999  # -ngl above any model's layer count: every layer on 
 LLAMACPP_OFFLOAD_CONTEXT = 8_192
 # Metal lets a process wire about two thirds of unified memory on Macs of up to 36 GB and
 # three quarters above (recommendedMaxWorkingSetSize: 21,845 MB of a 32 GB M1 Max in
-# llama.cpp PR #2011; ~47 GB of a 64 GB M2 Max in llama.cpp issue #1870).
+# llama.cpp PR #2011; ~47 GB of a 64 GB M2 Max in ggml-org/llama.cpp#1870).
 METAL_SHARE_SMALL, METAL_SHARE, METAL_SMALL_BYTES = 2 / 3, 0.75, 36 * GIB
 
 
@@ -858,7 +858,7 @@ def _vllm_prefix_flags(arch, chosen, ov, version, prefix_override, spec) -> list
                     f"vLLM grows the hybrid's attention block to {chosen.layout.block_tokens:,} "
                     f"tokens so one block holds a linear layer's state; prefix-cache hits land "
                     f"only on block boundaries, so a shared prefix shorter than a block never "
-                    f"hits (vLLM issue #40696). With {unit}-token units hits land every {unit} "
+                    f"hits (vllm-project/vllm#40696). With {unit}-token units hits land every {unit} "
                     f"tokens; vLLM takes only a unit that divides every group's block.",
                     default=None, default_reason="the block size")
         flags.append(_apply(flag, ov) if override is not None else flag)

@@ -59,7 +59,7 @@ def test_a_context_beyond_the_config_is_refused():
 # --- vLLM's blocks, against the figures vLLM printed --------------------------------------------
 
 @pytest.mark.parametrize("arch, engine, gpus, block, source", [
-    # vLLM issue #40696: "Setting attention block size to 528 tokens" for Qwen3.5-4B (BF16).
+    # vllm-project/vllm#40696: "Setting attention block size to 528 tokens" for Qwen3.5-4B (BF16).
     (QWEN_4B, mm.VLLM, 1, 528, "vllm#40696"),
     # LMCache's Qwen3.5/3.6 recipe: unified block size 784 for the 27B on one GPU (Qwen3.6-27B,
     # the same config fields).
@@ -73,7 +73,7 @@ def test_vllm_block_size_matches_what_vllm_printed(arch, engine, gpus, block, so
 
 
 def test_the_published_llama_8b_kv_cache_lines_on_an_rtx_3090():
-    """vLLM issue #10517, Llama-3.1-8B on an RTX 3090: kv_cache_size=3.81GiB gave 1952 blocks
+    """vllm-project/vllm#10517, Llama-3.1-8B on an RTX 3090: kv_cache_size=3.81GiB gave 1952 blocks
     and "Maximum concurrency for 20000 tokens per request: 1.56x"; 2.89 GiB gave 1478 blocks,
     "the maximum number of tokens that can be stored in KV cache (23648)". A block is 16
     tokens of 128 KiB: 2 MiB."""

@@ -6,7 +6,6 @@ have reported since then and says how many did, or stops with one line when the 
 """
 
 import json
-import os
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import User
+from agent.supervisor import process_alive
 from billing.keys import api_key_create
 from billing.services import credits_grant
 from fleetsim.profiles import machine_ids
@@ -105,7 +105,7 @@ class Command(BaseCommand):
             reported = _reported(bob, ids, state_dir, since_at)
             if len(reported) == len(ids):
                 break
-            if fleet_pid is not None and not _running(fleet_pid):
+            if fleet_pid is not None and not process_alive(fleet_pid):
                 raise CommandError(f"The simulated fleet stopped: {_last_error(fleet_log)}"
                                    f"{where}")
             if time.monotonic() > deadline:
@@ -176,19 +176,6 @@ def _reported(owner, machine_ids_, state_dir: Path, since_at) -> dict:
         if cards:
             reported[machine_id] = cards
     return reported
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # an exited child its parent has not reaped yet is a zombie: not running
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _last_error(log: Path | None) -> str:
