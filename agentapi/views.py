@@ -110,10 +110,10 @@ class AgentHeartbeat(AgentView):
                   "needs_review": result.node.held_out,
                   "heartbeat_interval_s": interval or settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
                   "jobs": jobs, "report_power": report_power}
-        if serializer.validated_data["engine"].get("supervisor") is not None:
+        engine = serializer.validated_data["engine"]
+        if engine.get("supervisor") is not None:
             # The agent runs the engine: the command to run, the restarts asked for.
             answer["engine"] = marketplace_selectors.node_engine_for_agent(result.node)
-        engine = serializer.validated_data["engine"]
         # An agent that says nothing of keys (older than them) is not handed one.
         engine_key = marketplace.node_engine_key_sync(
             node=node, held=engine.get("key_held"), in_use=engine.get("key_fingerprint"),
