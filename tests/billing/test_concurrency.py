@@ -322,13 +322,19 @@ def take(n):
                                        tokens_limit=tokens_limit, tokens=tokens, now=now) is None)
         stamps.append(time.time())
 
+def half():
+    threads = [threading.Thread(target=take, args=(attempts // 8,)) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+
 ratelimit.used(key_id=key_id, name="requests", now=now)  # connect before the start
 print("ready", flush=True)
 start_at = float(sys.stdin.readline())
-threads = [threading.Thread(target=take, args=(attempts // 4,)) for _ in range(4)]
 time.sleep(max(0, start_at - time.time()))
-for t in threads: t.start()
-for t in threads: t.join()
+half()
+print("half", flush=True)  # the other process's first half is done too before we go on
+assert sys.stdin.readline().strip() == "go"
+half()
 print(sum(admitted), min(stamps), max(stamps), flush=True)
 """
 
@@ -364,18 +370,28 @@ def test_rate_limit_is_shared_by_two_processes(requests_limit, tokens_limit, tok
                                            now=now) is None)
                 stamps.append(time.time())
 
-        try:
-            ratelimit.used(key_id=key_id, name="requests", now=now)  # connect before the start
-            assert other.stdout.readline().strip() == "ready", other.stderr.read()
-            threads = [threading.Thread(target=take, args=(attempts // 4,)) for _ in range(4)]
-            start_at = time.time() + 0.3  # both processes start taking at this instant
-            other.stdin.write(f"{start_at!r}\n")
-            other.stdin.flush()
-            time.sleep(max(0, start_at - time.time()))
+        def half():
+            threads = [threading.Thread(target=take, args=(attempts // 8,)) for _ in range(4)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(JOIN_S)
+
+        try:
+            ratelimit.used(key_id=key_id, name="requests", now=now)  # connect before the start
+            assert other.stdout.readline().strip() == "ready", other.stderr.read()
+            start_at = time.time() + 0.3  # both processes start taking at this instant
+            other.stdin.write(f"{start_at!r}\n")
+            other.stdin.flush()
+            time.sleep(max(0, start_at - time.time()))
+            # Each process takes half, waits for the other's half, then takes the rest: their
+            # spans overlap by construction, however the machine schedules them (a busy
+            # machine can start one process's threads after the other's have all finished).
+            half()
+            assert other.stdout.readline().strip() == "half", other.stderr.read()
+            other.stdin.write("go\n")
+            other.stdin.flush()
+            half()
             out, err = other.communicate(timeout=JOIN_S)
         finally:
             if other.poll() is None:
