@@ -1,6 +1,6 @@
 """Reads for the rent page's verification panel and the REST API."""
 
-from verification import charts
+from billing import charts
 from verification import evaluate as ev
 from verification.models import Finding, GpuSpec, VerificationRun
 
