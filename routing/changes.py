@@ -41,12 +41,21 @@ def available() -> bool:
 
 
 def start() -> Position | None:
-    """The position to read from for a snapshot read after this call; None without a feed."""
+    """The position to read from for a snapshot read after this call; None without a feed.
+    The transactions from the horizon on whose rows are visible now count as applied: every
+    one of them committed before the read that follows, which sees what they did. (A long
+    transaction anywhere in the cluster holds the horizon back; without this, the first read
+    after a full one would read their nodes again.)"""
     if not available():
         return None
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
-        return Position(int(cursor.fetchone()[0]), frozenset())
+        cursor.execute(
+            "WITH now AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin), "
+            "applied AS (SELECT DISTINCT xid FROM routing_poolchange "
+            "            WHERE xid >= (SELECT xmin FROM now)) "
+            "SELECT now.xmin::text, applied.xid::text FROM now LEFT JOIN applied ON true")
+        rows = cursor.fetchall()
+    return Position(int(rows[0][0]), frozenset(int(xid) for _, xid in rows if xid is not None))
 
 
 def read(since: Position) -> Changes:

@@ -99,6 +99,32 @@ def test_a_refresh_with_nothing_changed_reads_no_rows(deploy, django_assert_max_
     assert again.version == snap.version and content(again) == content(snap)
 
 
+def test_a_long_transaction_elsewhere_does_not_make_a_refresh_read_again(
+        deploy, django_assert_max_num_queries):
+    """A transaction left open on another connection (a report, a console session: any
+    database of the cluster) holds the horizon back below the changes a full read has just
+    read; the next refresh still reads none of them again."""
+    import psycopg
+
+    settings = connection.settings_dict
+    with psycopg.connect(host=settings["HOST"], port=settings["PORT"] or 5432,
+                         user=settings["USER"], dbname=settings["NAME"]) as other:
+        other.execute("SELECT pg_current_xact_id()")  # holds an xid, in a transaction
+        a = deploy("http://a")
+        deploy("http://b", "2x-rtx-4090")
+        snap = pool.refreshed(None)
+        assert snap.feed.xmin <= int(other.execute("SELECT pg_current_xact_id()::text")
+                                     .fetchone()[0])
+        found = changes.read(snap.feed)
+        assert not found.nodes and not found.queues and not found.models
+        with django_assert_max_num_queries(1):
+            again = pool.refreshed(snap)
+        assert again.version == snap.version
+        Node.objects.filter(pk=a.node_id).update(status=Node.Status.OFFLINE)
+        assert same_as_full(again).version != snap.version  # a change still reaches it
+        other.rollback()
+
+
 def test_a_process_that_read_long_ago_reads_everything_again(deploy, monkeypatch):
     deploy("http://a")
     snap = pool.refreshed(None)
