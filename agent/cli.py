@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agent import __version__, client, hardware, probe_jobs, probes, supervisor
+from agent import __version__, client, engine_versions, hardware, probe_jobs, probes, supervisor
 from agent.credential import (
     DEFAULT_CREDENTIAL_FILE,
     CredentialError,
@@ -201,6 +201,7 @@ def cmd_run(args, machine) -> int:
     last_summary = None
     runner = probe_jobs.JobRunner(platform=platform, credential=node["credential"],
                                   executors={"probes": _probe_executor(machine)}, log=log)
+    versions = engine_versions.Reader()
     if engine is not None:
         engine.start()
     restore = _stop_on_sigterm()
@@ -224,6 +225,8 @@ def cmd_run(args, machine) -> int:
                 }
                 if engine is not None:
                     body["engine"]["supervisor"] = engine.report()
+                if installed := _engine_versions(versions, engine, body):
+                    body["engine_versions"] = installed
                 try:
                     reply = client.heartbeat(platform_http, platform, node["credential"], body)
                 except client.Refused as exc:
@@ -274,7 +277,8 @@ def cmd_run(args, machine) -> int:
         runner.close()
         if engine is not None and engine.replaced_by is None:
             engine.stop()
-            _last_heartbeat(platform, node["credential"], args, machine, engine, engine_url)
+            _last_heartbeat(platform, node["credential"], args, machine, engine, engine_url,
+                            versions.get())
 
 
 # Heartbeats come at least this far apart, however fast the engine's state moves.
@@ -306,6 +310,15 @@ def _engine_report(http, engine_url, args, engine, state_dir: Path) -> dict:
     report["key_held"] = supervisor.key_fingerprint(supervisor.read_engine_key(state_dir))
     report["key_fingerprint"] = in_use
     return report
+
+
+def _engine_versions(versions: engine_versions.Reader, engine, body: dict) -> dict:
+    """The engines installed here: those of the program the agent runs, read again each time
+    it starts the engine (an upgrade shows then)."""
+    if engine is None:
+        return versions.get()
+    report = body["engine"]["supervisor"]
+    return versions.get(report["argv"], report["pid"])
 
 
 def _take_engine_key(offer, state_dir: Path, engine) -> None:
@@ -350,7 +363,8 @@ def _supervisor(args, credential_path: Path) -> supervisor.Supervisor | None:
         drain_timeout_s=args.drain_timeout, log=log)
 
 
-def _last_heartbeat(platform, credential, args, machine, engine, engine_url) -> None:
+def _last_heartbeat(platform, credential, args, machine, engine, engine_url,
+                    installed: dict) -> None:
     """One heartbeat saying the engine is stopped, so that the machine page and routing know
     at once; best effort (the platform may be what is down)."""
     try:
@@ -359,6 +373,8 @@ def _last_heartbeat(platform, credential, args, machine, engine, engine_url) -> 
                 **facts, "engine": {"url": engine_url, "reachable": False, "models": [],
                                     "served": [], "error": "stopped with the agent",
                                     "supervisor": engine.report()}}
+        if installed:
+            body["engine_versions"] = installed
         with httpx.Client(timeout=3.0) as http:
             client.heartbeat(http, platform, credential, body)
     except (client.Refused, client.Unavailable, hardware.FactsError, httpx.HTTPError):

@@ -140,4 +140,5 @@ def apple_gpu(run) -> dict | None:
         "pcie_width_current": None,
         "pcie_width_max": None,
         "power_limit_w": None,
+        "nvlink_links": None,
     }

@@ -88,7 +88,20 @@ def _gpu_fields(nvml, handle) -> dict:
         "pcie_width_current": ask("nvmlDeviceGetCurrPcieLinkWidth"),
         "pcie_width_max": ask("nvmlDeviceGetMaxPcieLinkWidth"),
         "power_limit_w": None if power_mw is None else round(power_mw / 1000),
+        "nvlink_links": _nvlink_links(nvml, handle),
     }
+
+
+def _nvlink_links(nvml, handle) -> int | None:
+    """How many of the GPU's NVLink links are up. NVML refuses each link of a card without
+    NVLink (Not Supported) and each index past a card's last link, so a refused link is not up
+    and a card without NVLink gives 0; None where it cannot be asked (a lost handle, a pynvml
+    too old to have the function)."""
+    if handle is None or getattr(nvml, "nvmlDeviceGetNvLinkState", None) is None:
+        return None
+    enabled = _const(nvml, "NVML_FEATURE_ENABLED", FEATURE_ENABLED)
+    return sum(1 for link in range(_const(nvml, "NVML_NVLINK_MAX_LINKS", NVLINK_MAX_LINKS))
+               if _call(nvml, "nvmlDeviceGetNvLinkState", handle, link) == enabled)
 
 
 def _call(nvml, name: str, *args):
@@ -124,6 +137,8 @@ GPU_IDLE = 0x1
 # pynvml's constants, with their nvml.h values for fakes and older releases that lack a name.
 CLOCK_SM, CLOCK_MEM = 1, 2
 MEMORY_ERROR_UNCORRECTED, AGGREGATE_ECC = 1, 1
+FEATURE_ENABLED = 1
+NVLINK_MAX_LINKS = 18  # Hopper's links; newer pynvml releases name more (NVML_NVLINK_MAX_LINKS)
 
 
 def _const(nvml, name: str, default: int) -> int:

@@ -71,6 +71,9 @@ class Card:
     # What NVML reads with the model loaded and nothing running (W): OUR ESTIMATE, from what
     # such cards commonly read idle with a driver loaded; None where NVML reads nothing (Mac).
     idle_power_w: int | None = None
+    # NVLink links up, as NVML counts them: an SXM board's all up, 0 on a card joined to the
+    # others by PCIe alone (these GeForce and workstation builds), None where there is no NVML.
+    nvlink_links: int | None = 0
 
 
 _CARD_NOTE = (
@@ -115,14 +118,14 @@ CARDS: dict[str, Card] = {
         memory_mib=143_771, bus_width_bits=6_144, max_memory_clock_mhz=3_201,
         sm_clock_mhz=1_980, l2_mb=50, bandwidth_gbs=4_800, bf16_tflops=989, pcie_gen=5,
         power_w=700, ecc_mode=1, has_serial=True, bandwidth_efficiency=0.875,
-        matmul_efficiency=0.78, idle_power_w=80),
+        matmul_efficiency=0.78, idle_power_w=80, nvlink_links=18),  # SXM: 18 NVLink 4 links
     "m4-max": Card(
         # No CUDA and no NVML on a Mac: the probes answer "no GPU" (see simulated_probe_results).
         name="Apple M4 Max", architecture=None, compute_capability=None, sm_count=None,
         memory_mib=128 * 1024, bus_width_bits=None, max_memory_clock_mhz=None,
         sm_clock_mhz=None, l2_mb=None, bandwidth_gbs=546, bf16_tflops=None, pcie_gen=None,
         power_w=None, ecc_mode=None, has_serial=False, bandwidth_efficiency=None,
-        matmul_efficiency=None),
+        matmul_efficiency=None, nvlink_links=None),
 }
 
 # The host each card sits in, as agent/host.py would read it: typical builds for the card's
@@ -839,6 +842,7 @@ def simulated_facts(profile_key: str, machine_id: str) -> dict:
                 "pcie_width_current": p.pcie_width_current,
                 "pcie_width_max": p.pcie_width_max,
                 "power_limit_w": p.power_limit_w,
+                "nvlink_links": CARDS[p.card].nvlink_links,
             }
             for i in range(p.gpu_count)
         ],

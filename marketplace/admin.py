@@ -18,8 +18,8 @@ from marketplace.models import (
 
 # Hardware facts are the agent's word: operators read them here but do not edit them.
 _CARD_FACTS = ("uuid", "name", "memory_total_mib", "compute_capability", "pcie_gen_current",
-               "pcie_gen_max", "pcie_width_current", "pcie_width_max", "power_limit_w",
-               "present", "first_seen_at", "last_seen_at")
+               "pcie_gen_max", "pcie_width_current", "pcie_width_max", "nvlink_links",
+               "power_limit_w", "present", "first_seen_at", "last_seen_at")
 
 
 class CardInline(admin.TabularInline):

@@ -32,8 +32,9 @@ it. The rules, each stated where it is applied:
 - Hybrid models: prefix caching said explicitly, in align mode, with a prefix-match unit
   that divides the large hybrid block.
 
-Flags are vLLM's as documented for VLLM_VERSION and llama.cpp's llama-server as its
-tools/server/README.md lists them; the sources are named at each flag's rule.
+Flags are vLLM's as documented for VLLM_VERSION, less those the node's own vLLM (as its agent
+reports it) lacks, and llama.cpp's llama-server as its tools/server/README.md lists them; the
+sources are named at each flag's rule.
 """
 
 from __future__ import annotations
@@ -52,12 +53,16 @@ MIB = 2**20
 
 # The vLLM release whose flags this module writes: `--mamba-cache-mode` and
 # `--prefix-match-unit` as docs.vllm.ai/en/v0.30.0/features/automatic_prefix_caching/
-# documents them. A node may report an older engine; the flags that need a newer one are then
-# left out (see PREFIX_MATCH_UNIT_SINCE).
+# documents them. The command is computed for the vLLM the node's agent reports installed
+# (Node.engine_versions), this one where it says none; the flags that need a newer release
+# than the node's are left out (an unknown flag stops vLLM at start).
 VLLM_VERSION = (0, 30)
 # `--prefix-match-unit` (CacheConfig.prefix_match_unit): measured on vLLM 0.27.1
 # (noonghunna/club-3090 PR #1262) and documented for 0.30.
 PREFIX_MATCH_UNIT_SINCE = (0, 27)
+# `--mamba-cache-mode` (CacheConfig.mamba_cache_mode, "all" | "align" | "none"): in v0.16.0's
+# CacheConfig, absent from v0.10.2's; the releases between are not checked, so 0.16.
+MAMBA_CACHE_MODE_SINCE = (0, 16)
 
 # What `--api-key` carries in the command the platform sends: the agent that runs the engine
 # puts the node's engine key (engine_keys.py) in its place. Requests without
@@ -110,6 +115,23 @@ LLAMACPP_OFFLOAD_CONTEXT = 8_192
 METAL_SHARE_SMALL, METAL_SHARE, METAL_SMALL_BYTES = 2 / 3, 0.75, 36 * GIB
 
 
+def parse_vllm_version(text) -> tuple[int, int] | None:
+    """(major, minor) of a vLLM version as its package says it: "0.30.1" -> (0, 30),
+    "0.11.0rc2" -> (0, 11), "0.9.2.dev123+gabc1234" -> (0, 9); None for anything else."""
+    match = _VLLM_VERSION.fullmatch(text.strip()) if isinstance(text, str) else None
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+_VLLM_VERSION = re.compile(r"v?(\d{1,4})\.(\d{1,4})(?:[.+-]?[0-9A-Za-z][0-9A-Za-z.+_-]*)?")
+
+
+def vllm_version_text(version: tuple[int, int] | None) -> str:
+    """The vLLM a command is computed for, and where that version comes from."""
+    if version is None:
+        return f"vLLM {VLLM_VERSION[0]}.{VLLM_VERSION[1]} (assumed: the agent did not say)"
+    return f"vLLM {version[0]}.{version[1]} (as the agent reported)"
+
+
 class OverrideError(ValueError):
     """An override the platform does not accept: its message is shown beside the field."""
 
@@ -143,8 +165,9 @@ class NodeFacts:
     gpus: tuple[Gpu, ...]
     os: str = ""
     nvidia: bool = True
-    # GPUs joined by NVLink rather than PCIe alone. The agent does not report it yet: False
-    # means "not known to", and tensor parallelism is then judged as over PCIe.
+    # GPUs joined by NVLink (nvlink_joined: each reports links up) rather than PCIe alone.
+    # False: joined by PCIe alone, or not known (an agent that does not say). The tensor
+    # parallel reason names the link; the layout is chosen by memory alone.
     nvlink: bool = False
 
     @property
@@ -159,13 +182,24 @@ class NodeFacts:
     @classmethod
     def from_report(cls, report: Mapping) -> NodeFacts:
         """From a heartbeat's hardware part (docs/agent-protocol.md: `os`, `nvidia`, `gpus`
-        with `name`, `memory_total_mib`, `compute_capability`, `pcie_gen_max`)."""
+        with `name`, `memory_total_mib`, `compute_capability`, `pcie_gen_max`,
+        `nvlink_links`)."""
+        reported = [gpu for gpu in report.get("gpus") or [] if gpu.get("memory_total_mib")]
         gpus = tuple(Gpu(name=gpu.get("name") or "", memory_mib=int(gpu["memory_total_mib"]),
                          compute_capability=gpu.get("compute_capability") or "",
                          bandwidth_gbs=gpu.get("bandwidth_gbs"),
                          pcie_gen=gpu.get("pcie_gen_max"))
-                     for gpu in report.get("gpus") or [] if gpu.get("memory_total_mib"))
-        return cls(gpus=gpus, os=report.get("os") or "", nvidia=bool(report.get("nvidia")))
+                     for gpu in reported)
+        return cls(gpus=gpus, os=report.get("os") or "", nvidia=bool(report.get("nvidia")),
+                   nvlink=nvlink_joined(gpu.get("nvlink_links") for gpu in reported))
+
+
+def nvlink_joined(links) -> bool:
+    """Whether GPUs that report these NVLink link counts (None: not known) are joined by
+    NVLink: more than one GPU, each with a link up. NVML's count does not say which GPU a link
+    reaches, so cards bridged in pairs count as joined too."""
+    links = list(links)
+    return len(links) > 1 and all(links)
 
 
 # --- what it computes ----------------------------------------------------------------------------
@@ -229,6 +263,8 @@ class EngineConfig:
     ignored: tuple[Ignored, ...] = ()
     notes: tuple[str, ...] = ()
     figures: Mapping[str, float | int | str] = field(default_factory=dict)
+    # The engine release the flags are for (vllm_version_text); "" for llama.cpp.
+    engine_version: str = ""
 
     @property
     def runnable(self) -> bool:
@@ -264,7 +300,7 @@ class EngineConfig:
                 "problems": list(self.problems), "notes": list(self.notes),
                 "ignored_overrides": [{"flag": i.flag, "value": i.value, "reason": i.reason}
                                       for i in self.ignored],
-                "figures": dict(self.figures)}
+                "figures": dict(self.figures), "engine_version": self.engine_version}
 
 
 # --- overrides: which flags, which values --------------------------------------------------------
@@ -398,13 +434,15 @@ def compute(node: NodeFacts, *, model: str, arch: Architecture | None,
             quantization: str | None, overrides: Mapping[str, str] | None = None,
             override_reasons: Mapping[str, str] | None = None,
             engine_key: str | None = None, port: int = VLLM_PORT,
-            vllm_version: tuple[int, int] = VLLM_VERSION,
+            vllm_version: tuple[int, int] | None = None,
             model_file: str | None = None) -> EngineConfig:
     """The engine command for `model` at `quantization` on `node`, the stored `overrides`
     (flag -> value, why in `override_reasons`) applied on top: the arithmetic follows them (an
     FP8 cache holds more requests). Each overridden flag keeps the value and reason computed
     without the overrides beside it. `engine_key` is the node's engine key when the caller has
-    one (ENGINE_KEY_PLACEHOLDER otherwise); `model_file` the GGUF path llama-server loads."""
+    one (ENGINE_KEY_PLACEHOLDER otherwise); `model_file` the GGUF path llama-server loads;
+    `vllm_version` the (major, minor) the node's agent reports installed (None: not said, and
+    VLLM_VERSION is assumed)."""
     args = dict(node=node, model=model, arch=arch, quantization=quantization,
                 engine_key=engine_key, port=port, vllm_version=vllm_version,
                 model_file=model_file)
@@ -446,7 +484,9 @@ def _compute(*, node, model, arch, quantization, overrides, engine_key, port, vl
                             problems=(f"Unknown quantization '{quantization}'.",))
     ov = _Overrides(overrides, kind)
     if kind == "vllm":
-        config = _vllm(node, model, arch, quantization, ov, key, port, vllm_version)
+        config = _vllm(node, model, arch, quantization, ov, key, port,
+                       vllm_version or VLLM_VERSION)
+        config = replace(config, engine_version=vllm_version_text(vllm_version))
     else:
         config = _llamacpp(node, model, arch, quantization, ov, key, port,
                            model_file or _gguf_name(model, quantization))
@@ -763,6 +803,11 @@ def _vllm(node, model, arch, quantization, ov, key, port, version) -> EngineConf
         "model_max_context": limit, "longest_request": longest,
         "requests_at_max_model_len": chosen.holds(max_len) if max_len else 0,
     }
+    if prefix and chosen.layout.state_blocks and not spec and version < PREFIX_MATCH_UNIT_SINCE:
+        notes.append(f"This machine's vLLM {version[0]}.{version[1]} has no "
+                     f"--prefix-match-unit (from vLLM 0.27): prefix-cache hits land on whole "
+                     f"{chosen.layout.block_tokens:,}-token blocks only. A newer vLLM on this "
+                     f"machine caches shorter shared prefixes.")
     if spec and prefix and chosen.layout.state_blocks:
         notes.append("With multi-token prediction drafting, prefix-cache hits land on whole "
                      "blocks only: the prefix-match unit is left out (noonghunna/club-3090 "
@@ -809,8 +854,8 @@ def _vllm_layout_reason(chosen, options, arch, quantization, card, gpus, well, n
         reason += (f" One stream reads each card's share of the weights per token: at the "
                    f"measured {bandwidth:,.0f} GB/s, up to "
                    f"{bandwidth * 1e9 * chosen.tp / weights:,.0f} passes a second.")
-    if not node.nvlink:
-        reason += " The GPUs exchange activations over PCIe on every token."
+    reason += (f" The GPUs exchange activations over {'NVLink' if node.nvlink else 'PCIe'} "
+               f"on every token.")
     if node.wsl:
         reason += (" Under WSL2 the same cards serve about half as fast as native "
                    "(FACTS.md: 48% slower).")
@@ -836,11 +881,12 @@ def _vllm_prefix_flags(arch, chosen, ov, version, prefix_override, spec) -> list
         negation="--no-enable-prefix-caching"), ov)]
     if not on:
         return flags
-    flags.append(Flag("--mamba-cache-mode", "align",
-                      "Keeps the linear layers' state at block boundaries so a cached prefix "
-                      "resumes there; the mode vLLM documents for prefix caching on hybrid "
-                      "models (2 state blocks per sequence, counted above).",
-                      default="none"))
+    if version >= MAMBA_CACHE_MODE_SINCE:
+        flags.append(Flag("--mamba-cache-mode", "align",
+                          "Keeps the linear layers' state at block boundaries so a cached "
+                          "prefix resumes there; the mode vLLM documents for prefix caching on "
+                          "hybrid models (2 state blocks per sequence, counted above).",
+                          default="none"))
     unit = next((u for u in PREFIX_MATCH_UNITS if chosen.layout.block_tokens % u == 0), None)
     override = ov.get("--prefix-match-unit")
     if override is not None and chosen.layout.block_tokens % override:
@@ -850,8 +896,9 @@ def _vllm_prefix_flags(arch, chosen, ov, version, prefix_override, spec) -> list
         override = None
     if version < PREFIX_MATCH_UNIT_SINCE or spec:
         if override is not None:
-            ov.reject("--prefix-match-unit", "Inert here: the engine is older than vLLM 0.27 "
-                                             "or multi-token prediction is drafting.")
+            ov.reject("--prefix-match-unit", "Inert here: multi-token prediction is drafting."
+                      if spec else "The engine is older than vLLM 0.27, which has no such "
+                                   "flag.")
         return flags
     if unit:
         flag = Flag("--prefix-match-unit", str(unit),

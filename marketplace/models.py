@@ -98,6 +98,10 @@ class Node(models.Model):
     # "quantization"}] as the heartbeat serializer validated it (docs/agent-protocol.md).
     engine_served = models.JSONField(default=list, blank=True)
     engine_error = models.CharField(max_length=256, blank=True)
+    # The engines installed beside the agent, by kind, as the agent read their versions:
+    # {"vllm": "0.30.1", "llama-server": "b6500"}; the engine configuration is computed for
+    # the version the node will run (empty: not said, the platform's assumed version).
+    engine_versions = models.JSONField(default=dict, blank=True)
     # The engine as the agent's child (docs/agent-protocol.md, section 4): its state as the
     # agent last said it ("" where the agent does not run the engine: the provider runs it),
     # since when (the platform's clock), and the rest of what the agent said of it
@@ -264,6 +268,9 @@ class Card(models.Model):
     pcie_gen_max = models.PositiveSmallIntegerField(null=True, blank=True)
     pcie_width_current = models.PositiveSmallIntegerField(null=True, blank=True)
     pcie_width_max = models.PositiveSmallIntegerField(null=True, blank=True)
+    # NVLink links up on this GPU (nvmlDeviceGetNvLinkState over each link): 0 on a card
+    # joined to the others by PCIe alone, null where NVML could not say or the agent is older.
+    nvlink_links = models.PositiveSmallIntegerField(null=True, blank=True)
     power_limit_w = models.PositiveIntegerField(null=True, blank=True)
     present = models.BooleanField(default=True)  # false once the agent stops reporting it
     first_seen_at = models.DateTimeField(default=timezone.now)

@@ -253,10 +253,14 @@ def node_engine_inputs(node: Node) -> dict | None:
                                      pcie_gen=card.pcie_gen_max)
                    for card in sorted(cards, key=lambda card: card.index)),
         # CUDA is there where NVML gave a card a compute capability, whatever the flag says.
-        os=node.os, nvidia=node.has_nvidia or any(card.compute_capability for card in cards))
+        os=node.os, nvidia=node.has_nvidia or any(card.compute_capability for card in cards),
+        nvlink=engine_config.nvlink_joined(card.nvlink_links for card in cards))
     inputs = {"node": facts, "model": entry["id"],
               "arch": model_data.architecture_for(entry["id"]),
               "quantization": entry.get("quantization") or ""}
+    # The vLLM the agent found installed (else the version the platform assumes).
+    if version := engine_config.parse_vllm_version((node.engine_versions or {}).get("vllm")):
+        inputs["vllm_version"] = version
     # --port: where the agent says the engine listens.
     with contextlib.suppress(ValueError):
         if port := urlsplit(node.engine_url).port:

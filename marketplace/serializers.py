@@ -1,3 +1,4 @@
+import re
 from decimal import Decimal
 
 from drf_spectacular.utils import extend_schema_field
@@ -30,6 +31,10 @@ class GpuReportSerializer(serializers.Serializer):
                                               required=False, default=None)
     power_limit_w = serializers.IntegerField(min_value=0, max_value=10_000, allow_null=True,
                                              required=False, default=None)
+    # NVLink links up on the GPU: 0 for a card joined by PCIe alone; null or absent where the
+    # agent cannot say (or is older than the field).
+    nvlink_links = serializers.IntegerField(min_value=0, max_value=64, allow_null=True,
+                                            required=False, default=None)
     # Sent while the platform asks for it (the answer's `report_power`): the draw now, in W.
     power_draw_w = serializers.IntegerField(min_value=0, max_value=10_000, allow_null=True,
                                             required=False, default=None)
@@ -131,6 +136,13 @@ class EngineReportSerializer(serializers.Serializer):
         return engine
 
 
+# `engine_versions`: an engine's name ("vllm", "llama-server", "llama-cpp-python") and the
+# version the agent read from it ("0.30.1", "0.11.0rc2", "0.9.2.dev123+gabc1234", "6500").
+MAX_ENGINE_VERSIONS = 8
+_ENGINE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
+_ENGINE_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}")
+
+
 class HeartbeatSerializer(serializers.Serializer):
     agent_version = serializers.CharField(max_length=64)
     hostname = serializers.CharField(max_length=256, allow_blank=True)
@@ -145,12 +157,32 @@ class HeartbeatSerializer(serializers.Serializer):
     engine = EngineReportSerializer()
     # Absent from agents older than the field: their nodes show no host facts.
     host = HostReportSerializer(required=False)
+    # The engines installed beside the agent (agent/engine_versions.py): {"vllm": "0.30.1"}.
+    # Absent from older agents and where none was found: the engine configuration is then
+    # computed for the vLLM the platform assumes.
+    engine_versions = serializers.DictField(child=serializers.CharField(max_length=64),
+                                            required=False, default=dict)
 
     def validate_gpus(self, gpus):
         indexes = [gpu["index"] for gpu in gpus]
         if len(indexes) != len(set(indexes)):
             raise serializers.ValidationError("Each GPU index may appear only once.")
         return gpus
+
+    def validate_engine_versions(self, versions):
+        if len(versions) > MAX_ENGINE_VERSIONS:
+            raise serializers.ValidationError(
+                f"At most {MAX_ENGINE_VERSIONS} engines, not {len(versions)}.")
+        for name, version in versions.items():
+            if not _ENGINE_NAME.fullmatch(name):
+                raise serializers.ValidationError(
+                    f"{name[:40]!r} is not an engine name (lower-case letters, digits, '.', "
+                    f"'_' and '-', at most 32).")
+            if not _ENGINE_VERSION.fullmatch(version):
+                raise serializers.ValidationError(
+                    f"{name}: {version[:40]!r} is not a version (letters, digits, '.', '+', "
+                    f"'_' and '-', at most 64, e.g. 0.30.1).")
+        return versions
 
 
 class EnrollSerializer(serializers.Serializer):
@@ -267,7 +299,7 @@ class CatalogCardSerializer(serializers.ModelSerializer):
                   "verified_capacity", "reference_spec", "bandwidth_measured_gbs",
                   "bandwidth_spec_gbs", "node_id", "node_name", "host", "compute_capability",
                   "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
-                  "power_limit_w"]
+                  "nvlink_links", "power_limit_w"]
 
     @extend_schema_field(PlatformPriceSerializer(allow_null=True))
     def get_platform_price(self, card) -> dict | None:
@@ -312,7 +344,7 @@ class ProviderCardSerializer(serializers.ModelSerializer):
         model = Card
         fields = ["id", "index", "uuid", "name", "memory_total_mib", "compute_capability",
                   "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
-                  "power_limit_w", "present", "verification_status", "listing"]
+                  "nvlink_links", "power_limit_w", "present", "verification_status", "listing"]
         read_only_fields = fields
 
 

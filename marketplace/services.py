@@ -44,11 +44,15 @@ log = logging.getLogger(__name__)
 
 # Facts a heartbeat carries per GPU, stored on Card under the same names.
 CARD_FACTS = ("uuid", "name", "memory_total_mib", "compute_capability", "pcie_gen_current",
-              "pcie_gen_max", "pcie_width_current", "pcie_width_max", "power_limit_w")
+              "pcie_gen_max", "pcie_width_current", "pcie_width_max", "power_limit_w",
+              "nvlink_links")
 # Facts whose change means the hardware is not what was verified (PCIe current width and
 # generation move with load, so they do not count).
 _IDENTITY_FACTS = ("uuid", "name", "memory_total_mib", "compute_capability", "pcie_gen_max",
                    "pcie_width_max", "power_limit_w")
+# Identity facts too, but only a change between two known values counts: an agent that starts
+# to report one (an upgrade) is the same machine, not one to verify again.
+_IDENTITY_FACTS_ONCE_KNOWN = ("nvlink_links",)
 
 
 class MarketplaceError(Exception):
@@ -305,6 +309,9 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
             continue
         if any(getattr(card, name) != facts[name] for name in _IDENTITY_FACTS) or not card.present:
             changed = True
+        if any(None not in (getattr(card, name), facts[name]) and getattr(card, name) != facts[name]
+               for name in _IDENTITY_FACTS_ONCE_KNOWN):
+            changed = True
         for name, value in facts.items():
             setattr(card, name, value)
         card.present, card.last_seen_at = True, now
@@ -328,6 +335,7 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
     node.cpu_model = host.get("cpu_model") or ""
     for name in ("cpu_cores", "ram_mib", "disk_free_gb", "net_link_mbps"):
         setattr(node, name, host.get(name))
+    node.engine_versions = report.get("engine_versions") or {}
     node.engine_url = engine.get("url") or ""
     refusal = ""
     if connect is not None:

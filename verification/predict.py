@@ -26,7 +26,8 @@ say something the figures cannot prove:
   weights would need ~5.7 tokens a pass). A provider without speculative decoding serves
   about half as fast alone, honestly.
 - TP_MS: the per-token cost of tensor parallel over PCIe, 1.66 ms on Gen4 (the 4090 pair) and
-  0.23 ms on Gen5 (the 5090 pair): one pair each, so a fit, not a law.
+  0.23 ms on Gen5 (the 5090 pair): one pair each, so a fit, not a law. No NVLink pair is
+  published; NVLink is faster than either link, so its cost is taken as Gen5's at most.
 
 Verification therefore judges against `floor`, not `expected`: the prediction with no
 speculative decoding (WEIGHT_PASS 1), twice the fleet's per-token costs (TOKEN_FLOOR_FACTOR:
@@ -55,6 +56,7 @@ COMPUTE = 0.816  # per-token FLOPs over the card's measured BF16 rate (8-bit mat
 TOKEN_MS = 0.183  # per-token cost that is neither weights nor FLOPs (detokenise, stream out)
 TP_MS = {4: 1.66, 5: 0.229}  # per token, tensor parallel over PCIe of this generation
 TP_MS_UNKNOWN = max(TP_MS.values())
+TP_MS_NVLINK = min(TP_MS.values())
 TOKEN_FLOOR_FACTOR = 2.0  # the floor allows an engine twice the fleet's per-token cost
 # Weights above this share of the memory the engine gets: the node is starved of KV cache.
 MEMORY_STARVED = 0.5
@@ -88,9 +90,10 @@ class Hardware:
     bandwidth_gbs: float  # per card, the slowest card's: tensor parallel waits for it
     vram_bytes: float  # per card
     bf16_tflops: float | None  # per card; None: unknown
-    pcie_gen: int | None = None  # the link tensor parallel crosses (None: unknown or NVLink)
+    pcie_gen: int | None = None  # the PCIe link tensor parallel crosses (None: unknown)
     bandwidth_measured: bool = True
     unified_memory: bool = False
+    nvlink: bool = False  # the cards are joined by NVLink: tensor parallel crosses it instead
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ def predict(hw: Hardware, arch: modelmath.Architecture, *, engine: str,
                                   + (tp_ms / 1e3 if hw.cards > 1 else 0))
         return b / (t_weights + b * t_token)
 
-    tp = TP_MS.get(hw.pcie_gen, TP_MS_UNKNOWN)  # unknown: the slower link's cost
+    # A PCIe link not known: the slower one's cost.
+    tp = TP_MS_NVLINK if hw.nvlink else TP_MS.get(hw.pcie_gen, TP_MS_UNKNOWN)
     expected = tokens_per_s(batch, WEIGHT_PASS, tp)
     floor = tokens_per_s(batch, WEIGHT_PASS_FLOOR, tp, TOKEN_FLOOR_FACTOR)
     if batch > 1 and weights > MEMORY_STARVED * usable:
@@ -160,9 +164,10 @@ def load_gain_floor(batch: int) -> float:
 
 def hardware_from_spec(*, cards: int, spec_bandwidth_gbs: float, vram_bytes: float,
                        spec_tflops: float | None, pcie_gen: int | None = None,
-                       unified_memory: bool = False) -> Hardware:
+                       nvlink: bool = False, unified_memory: bool = False) -> Hardware:
     """Hardware for a node whose probes did not run: its spec at a measurement's low end."""
     return Hardware(cards=cards, bandwidth_gbs=spec_bandwidth_gbs * SPEC_BANDWIDTH_SHARE,
                     vram_bytes=vram_bytes,
                     bf16_tflops=spec_tflops * SPEC_COMPUTE_SHARE if spec_tflops else None,
-                    pcie_gen=pcie_gen, bandwidth_measured=False, unified_memory=unified_memory)
+                    pcie_gen=pcie_gen, nvlink=nvlink, bandwidth_measured=False,
+                    unified_memory=unified_memory)

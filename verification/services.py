@@ -27,7 +27,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from agent.probes import DEFAULT_PARAMS as PROBE_PARAMS
-from marketplace import engine_keys, modelmath
+from marketplace import engine_config, engine_keys, modelmath
 from marketplace import services as marketplace
 from marketplace.model_data import architecture_for
 from marketplace.models import Card, Node, UuidConflict
@@ -540,6 +540,7 @@ def _hardware(cards, by_index, spec) -> predict.Hardware | None:
         spec.memory_gb * 2**30 if spec else None)
     gens = [card.pcie_gen_max for card in cards]
     pcie = min(gens) if all(gens) else None
+    nvlink = engine_config.nvlink_joined(card.nvlink_links for card in cards)
     if vram is None:
         return None
     if all(bandwidths):
@@ -547,12 +548,14 @@ def _hardware(cards, by_index, spec) -> predict.Hardware | None:
                                 bf16_tflops=min(tflops) if all(tflops) else (
                                     spec.bf16_tflops * predict.SPEC_COMPUTE_SHARE
                                     if spec and spec.bf16_tflops else None),
-                                pcie_gen=pcie, unified_memory=bool(spec and spec.unified_memory))
+                                pcie_gen=pcie, nvlink=nvlink,
+                                unified_memory=bool(spec and spec.unified_memory))
     if spec is None:
         return None
     return predict.hardware_from_spec(cards=len(cards), spec_bandwidth_gbs=spec.bandwidth_gbs,
                                       vram_bytes=vram, spec_tflops=spec.bf16_tflops,
-                                      pcie_gen=pcie, unified_memory=spec.unified_memory)
+                                      pcie_gen=pcie, nvlink=nvlink,
+                                      unified_memory=spec.unified_memory)
 
 
 def _card_memory(card: Card, probe: dict) -> float | None:

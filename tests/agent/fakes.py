@@ -33,6 +33,10 @@ class NVMLError_GpuIsLost(NVMLError):
     pass
 
 
+class NVMLError_InvalidArgument(NVMLError):
+    pass
+
+
 # An H200 as NVML reports it (FACTS.md: 143,771 MiB); the total is not a whole number of MiB,
 # as on real cards, so the conversion must round down.
 H200 = {
@@ -46,6 +50,7 @@ H200 = {
     "pcie_width_max": 16,
     "power_mw": 700_000,
     "power_usage_mw": 112_640,  # idle: the draw NVML reads now
+    "nvlink": [1] * 18,  # each link's state (NVML_FEATURE_ENABLED): an SXM H200's 18, all up
     # What only the probes read (FACTS.md: H200 SXM, 4,800 GB/s spec).
     "serial": "1654922012345",
     "architecture": 9,  # NVML_DEVICE_ARCH_HOPPER
@@ -91,7 +96,9 @@ def fake_nvml(gpus, *, driver="560.35.03", cuda=12060, init_error=None, count_er
     """A module-like object with pynvml's function names. A GPU field (or driver/cuda) whose
     value is an exception instance raises it, as NVML does for an unsupported query; a field
     the GPU dict lacks is Not Supported; a callable field is called (a reading that changes,
-    e.g. a PCIe link that speeds up under load)."""
+    e.g. a PCIe link that speeds up under load). `nvlink` is a list of each link's state
+    (1 up, 0 down, or an exception); an index past its end is an Invalid Argument, as NVML
+    answers past a GPU's last link."""
     calls = []
 
     def answer(value):
@@ -122,6 +129,12 @@ def fake_nvml(gpus, *, driver="560.35.03", cuda=12060, init_error=None, count_er
         # Uncorrected (1), aggregate over the card's life (1): what the probes report.
         assert (error_type, counter_type) == (1, 1), (error_type, counter_type)
         return device("ecc_errors")(handle)
+
+    def nvlink_state(handle, link):
+        states = device("nvlink")(handle)
+        if link >= len(states):
+            raise NVMLError_InvalidArgument("Invalid Argument")
+        return answer(states[link])
 
     def init():
         calls.append("init")
@@ -156,6 +169,7 @@ def fake_nvml(gpus, *, driver="560.35.03", cuda=12060, init_error=None, count_er
         nvmlDeviceGetMaxPcieLinkWidth=device("pcie_width_max"),
         nvmlDeviceGetPowerManagementLimit=device("power_mw"),
         nvmlDeviceGetPowerUsage=device("power_usage_mw"),
+        nvmlDeviceGetNvLinkState=nvlink_state,
         nvmlDeviceGetSerial=device("serial"),
         nvmlDeviceGetArchitecture=device("architecture"),
         nvmlDeviceGetMemoryBusWidth=device("memory_bus_width"),

@@ -10,6 +10,7 @@ from tests.agent.fakes import (
     RTX_4090,
     NVMLError_DriverNotLoaded,
     NVMLError_GpuIsLost,
+    NVMLError_InvalidArgument,
     NVMLError_LibraryNotFound,
     NVMLError_NotSupported,
     fake_nvml,
@@ -26,6 +27,7 @@ H200_FACTS = {
     "pcie_width_current": 16,
     "pcie_width_max": 16,
     "power_limit_w": 700,
+    "nvlink_links": 18,
 }
 
 
@@ -52,6 +54,37 @@ def test_two_gpu_box():
     assert first["compute_capability"] == "8.9"
     assert (first["pcie_gen_current"], first["pcie_gen_max"]) == (1, 4)
     assert first["power_limit_w"] == 450
+    assert first["nvlink_links"] == 0  # GeForce cards: PCIe alone
+
+
+@pytest.mark.parametrize(("nvlink", "links"), [
+    ([1, 1, 0, 1, 1, 0], 4),  # some links down (a bridge or switch port that is not)
+    ([NVMLError_NotSupported("Not Supported")] * 2 + [1, 1], 2),  # a refused link is not up
+])
+def test_nvlink_links_counts_the_links_up(nvlink, links):
+    facts = read_nvidia(fake_nvml([{**H200, "nvlink": nvlink}]))
+    assert facts["gpus"][0]["nvlink_links"] == links
+
+
+@pytest.mark.parametrize("refusal", [NVMLError_NotSupported("Not Supported"),
+                                     NVMLError_InvalidArgument("Invalid Argument")])
+def test_a_gpu_without_nvlink_has_no_links_up(refusal):
+    # A PCIe card: NVML refuses every link it is asked about.
+    facts = read_nvidia(fake_nvml([{**H200, "nvlink": refusal}, RTX_4090]))
+    assert [gpu["nvlink_links"] for gpu in facts["gpus"]] == [0, 0]
+
+
+def test_nvlink_links_asks_as_many_links_as_this_pynvml_knows():
+    nvml = fake_nvml([{**H200, "nvlink": [1] * 36}])
+    assert read_nvidia(nvml)["gpus"][0]["nvlink_links"] == 18  # nvml.h's 18 when not named
+    nvml.NVML_NVLINK_MAX_LINKS = 36  # pynvml 12.x's
+    assert read_nvidia(nvml)["gpus"][0]["nvlink_links"] == 36
+
+
+def test_an_older_pynvml_without_nvlink_state_gives_null():
+    nvml = fake_nvml([H200])
+    del nvml.nvmlDeviceGetNvLinkState
+    assert read_nvidia(nvml)["gpus"][0] == {**H200_FACTS, "nvlink_links": None}
 
 
 def test_a_query_nvml_refuses_is_null_and_the_rest_is_read():
@@ -140,6 +173,7 @@ def test_apple_silicon_is_reported_as_one_gpu():
     assert gpu["uuid"].startswith("APPLE-")
     assert "8C3A2B1D" not in gpu["uuid"]  # derived from the hardware UUID, not the raw one
     assert gpu["compute_capability"] is None and gpu["power_limit_w"] is None
+    assert gpu["nvlink_links"] is None
     assert "Apple M4 Max" in notice
 
 

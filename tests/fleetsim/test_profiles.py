@@ -114,7 +114,7 @@ def test_gpu_uuids_are_deterministic_and_unique_per_machine():
 
 GPU_FIELDS = {"index", "name", "uuid", "memory_total_mib", "compute_capability",
               "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
-              "power_limit_w"}
+              "power_limit_w", "nvlink_links"}
 HOST_FIELDS = {"cpu_model", "cpu_cores", "ram_mib", "disk_free_gb", "net_link_mbps"}
 
 
@@ -141,6 +141,12 @@ def test_h200_facts_as_nvml_reports_them():
     assert gpu["memory_total_mib"] == 143_771
     assert gpu["compute_capability"] == "9.0"
     assert gpu["power_limit_w"] == 700
+    assert gpu["nvlink_links"] == 18  # an SXM board: every NVLink link up
+
+
+@pytest.mark.parametrize("key", ["2x-rtx-4090", "2x-rtx-5090", "rtx-pro-6000", "rtx-4090"])
+def test_consumer_and_workstation_cards_are_joined_by_pcie_alone(key):
+    assert {gpu["nvlink_links"] for gpu in simulated_facts(key, "m1")["gpus"]} == {0}
 
 
 def test_mac_facts_have_one_unified_memory_gpu_and_no_nvidia_fields():
@@ -149,4 +155,4 @@ def test_mac_facts_have_one_unified_memory_gpu_and_no_nvidia_fields():
     (gpu,) = facts["gpus"]
     assert gpu["name"] == "Apple M4 Max" and gpu["memory_total_mib"] == 128 * 1024
     assert gpu["compute_capability"] is None and gpu["power_limit_w"] is None
-    assert gpu["pcie_gen_current"] is None
+    assert gpu["pcie_gen_current"] is None and gpu["nvlink_links"] is None

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from marketplace import services
+from marketplace import selectors, services
 from marketplace.models import Card, EnrolmentToken, Node, NodeStatusChange, NodeUptimeHour
 
 pytestmark = pytest.mark.django_db
@@ -126,6 +126,34 @@ def test_later_heartbeats_update_facts_and_notice_hardware_changes(api, bob):
     assert NodeUptimeHour.objects.get(node=node).heartbeats == 3
 
 
+def test_nvlink_links_land_on_the_card_and_an_older_agent_may_leave_them_out(api, bob):
+    enrolled = enroll(api, bob)
+    node = Node.objects.get(pk=enrolled["node_id"])
+    assert beat(api, enrolled["credential"], report()).status_code == 200  # no field: older
+    assert node.cards.get().nvlink_links is None
+    beat(api, enrolled["credential"], report(gpus=[dict(H200, nvlink_links=None)]))
+    assert node.cards.get().nvlink_links is None
+    # The agent, upgraded, starts to count them: stored, and not a new machine to verify.
+    beat(api, enrolled["credential"], report(gpus=[dict(H200, nvlink_links=18)]))
+    node.refresh_from_db()
+    assert node.cards.get().nvlink_links == 18 and node.hardware_changed_at is None
+    # Links gone down between two counts: the hardware is not what was verified.
+    beat(api, enrolled["credential"], report(gpus=[dict(H200, nvlink_links=12)]))
+    node.refresh_from_db()
+    assert node.cards.get().nvlink_links == 12 and node.hardware_changed_at is not None
+
+
+@pytest.mark.parametrize(("links", "nvlink"), [((18, 18), True), ((18, 0), False),
+                                               ((None, None), False)])
+def test_the_engine_configuration_reads_nvlink_from_the_cards(api, bob, links, nvlink):
+    enrolled = enroll(api, bob)
+    gpus = [dict(H200, index=i, uuid=f"GPU-{i}9999999-2222-3333-4444-555555555555",
+                 nvlink_links=count) for i, count in enumerate(links)]
+    assert beat(api, enrolled["credential"], report(gpus=gpus)).status_code == 200
+    inputs = selectors.node_engine_inputs(Node.objects.get(pk=enrolled["node_id"]))
+    assert len(inputs["node"].gpus) == 2 and inputs["node"].nvlink is nvlink
+
+
 def test_driver_change_is_a_hardware_change(api, bob):
     enrolled = enroll(api, bob)
     beat(api, enrolled["credential"], report())
@@ -165,6 +193,8 @@ def test_machine_without_nvidia_gpu_is_stored_without_cards(api, bob):
     (lambda b: b.update(hostname="h" * 300), "hostname"),
     (lambda b: b.pop("engine"), "engine"),
     (lambda b: b.update(nvidia="perhaps"), "nvidia"),
+    (lambda b: b["gpus"][0].update(nvlink_links=-1), "gpus"),
+    (lambda b: b["gpus"][0].update(nvlink_links=65), "gpus"),
 ])
 def test_malformed_heartbeat_is_refused_naming_the_field_and_changes_nothing(
         api, bob, mutate, field):

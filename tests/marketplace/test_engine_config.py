@@ -147,6 +147,51 @@ def test_the_wsl2_pair_gives_windows_its_share():
     assert differs == {"--gpu-memory-utilization", "--max-model-len", "--max-num-seqs"}
 
 
+def pair_report(*links) -> dict:
+    """The 4090 pair's heartbeat with these NVLink counts, one per GPU (absent: not sent)."""
+    report = profiles.simulated_facts("2x-rtx-4090", "pair-1")
+    for gpu, count in zip(report["gpus"], links, strict=True):
+        if count == "absent":
+            del gpu["nvlink_links"]
+        else:
+            gpu["nvlink_links"] = count
+    return report
+
+
+@pytest.mark.parametrize(("links", "nvlink"), [
+    ((0, 0), False),  # the fleet's pair: PCIe alone
+    ((4, 4), True),  # bridged
+    ((4, 0), False),  # one card without a link up
+    ((4, None), False),  # one card NVML could not ask
+    (("absent", "absent"), False),  # an agent older than the field
+])
+def test_nvlink_comes_from_the_report(links, nvlink):
+    assert ec.NodeFacts.from_report(pair_report(*links)).nvlink is nvlink
+
+
+def test_one_gpu_is_never_joined_by_nvlink():
+    assert not facts("h200").nvlink  # its 18 links are up, but there is no second GPU
+    assert not ec.nvlink_joined([18]) and not ec.nvlink_joined([])
+    assert ec.nvlink_joined([18] * 8) and not ec.nvlink_joined([18] * 7 + [0])
+
+
+def test_tensor_parallel_names_the_link_the_gpus_exchange_activations_over():
+    p = profiles.get_profile("2x-rtx-4090")
+
+    def pair(*links):
+        return ec.compute(ec.NodeFacts.from_report(pair_report(*links)), model=p.model,
+                          arch=architecture_for(p.model), quantization=p.quantization)
+
+    pcie, bridged, unknown = pair(0, 0), pair(4, 4), pair("absent", "absent")
+    assert "exchange activations over PCIe on every token" in pcie.layout_reason
+    assert "exchange activations over NVLink on every token" in bridged.layout_reason
+    assert "PCIe" not in bridged.layout_reason
+    assert unknown.layout_reason == pcie.layout_reason  # not said: judged as PCIe
+    # The layout is chosen by memory: the link changes the words, not the command.
+    assert bridged.layout == pcie.layout == "tensor parallel 2"
+    assert bridged.argv == pcie.argv
+
+
 def test_llama_cpp_on_the_m4_max():
     """Apple Silicon: no CUDA, so llama-server. Metal lets it use 3/4 of 128 GB; 16.4 GB of
     Q4_K_M weights and 3.3 GiB of buffers leave room for 4 slots of the whole 262,144 tokens:

@@ -1,9 +1,13 @@
 """The first-principles serving prediction against the published fleet figures (FACTS.md)."""
 
+from dataclasses import replace
+
 import pytest
 
 from marketplace import modelmath
 from marketplace.model_data import architecture_for
+from marketplace.models import Card
+from verification import services
 from verification.predict import LOAD_GAIN_FLOOR, Hardware, predict
 
 ARCH_27B = architecture_for("Qwen/Qwen3-27B")
@@ -35,6 +39,32 @@ def test_no_published_machine_falls_under_its_floor(name, level, published):
     p = predict(hw, ARCH_27B, engine="vllm", quantization="fp8", concurrency=level)
     assert p.floor < 0.85 * published  # a warning would need 85%: none is near it
     assert p.floor <= p.expected
+
+
+def test_nvlink_costs_tensor_parallel_no_more_than_the_fastest_pcie():
+    """No NVLink pair is published: a pair joined by it is held to the Gen5 pair's per-token
+    cost whatever its PCIe slots, never to the unknown link's (the slower Gen4 cost)."""
+    pair = MACHINES["2x RTX 4090"][0]
+
+    def at_32(**changes):
+        hw = replace(pair, **changes)
+        return predict(hw, ARCH_27B, engine="vllm", quantization="fp8", concurrency=32)
+
+    gen4, gen5, unknown = at_32(), at_32(pcie_gen=5), at_32(pcie_gen=None)
+    assert unknown == gen4 and gen5.floor > gen4.floor
+    assert at_32(nvlink=True) == at_32(pcie_gen=None, nvlink=True) == gen5
+
+
+def test_the_node_s_cards_say_whether_tensor_parallel_crosses_nvlink():
+    probe = {"bandwidth": {"best_gbs": 907.0}, "matmul": {"best_tflops": 135.0}}
+
+    def hardware(*links):
+        cards = [Card(index=i, memory_total_mib=24_564, pcie_gen_max=4, nvlink_links=count)
+                 for i, count in enumerate(links)]
+        return services._hardware(cards, dict.fromkeys(range(len(cards)), probe), None)
+
+    assert hardware(4, 4).nvlink and hardware(4, 4).pcie_gen == 4
+    assert not hardware(4, 0).nvlink and not hardware(None, None).nvlink
 
 
 def test_the_h200_range_of_published_single_stream_figures():
