@@ -34,6 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override the profile's number of concurrently running requests")
     serve.add_argument("--enable-prompt-tokens-details", action="store_true",
                        help="as vLLM's flag: usage says how many prompt tokens were cached")
+    other = serve.add_argument_group(
+        "another model", "the machine serving another model than its profile's (the platform's "
+        "yardstick, a renter's choice), at the speed its card's character gives it")
+    other.add_argument("--model", help="the model to serve (a marketplace/model_data.py name)")
+    other.add_argument("--quantization", help="its weights' format (bf16, fp8, awq, Q4_K_M...)")
+    other.add_argument("--engine", choices=("vllm", "llama.cpp"),
+                       help="the engine to imitate (default: llama.cpp for a GGUF type)")
+    other.add_argument("--tensor-parallel-size", type=_positive_int, metavar="N",
+                       help="GPUs per replica (default: all of them)")
+    other.add_argument("--max-model-len", type=_positive_int, metavar="N",
+                       help="the longest request, prompt and output")
+    other.add_argument("--speculative", action="store_true",
+                       help="decode with the model's multi-token-prediction head")
     serve.set_defaults(command=cmd_serve)
 
     up = commands.add_parser("up", help="run a fleet: engine servers plus the real node agent")
@@ -54,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "free ports the system picks)")
     up.add_argument("--agent-engines", type=_csv, default=[], metavar="KEY[,KEY...]",
                     help="the machines of these profiles have their agent run their engine, "
-                         "as its child (`python -m agent run --engine-command ...`)")
+                         "as its child (`python -m agent run --engine-command ...`), so that "
+                         "verification can switch it to its yardstick; `all`: every machine")
     _time_scale_argument(up)
     up.set_defaults(command=cmd_up)
 
@@ -64,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--profile", required=True, choices=sorted(PROFILES), metavar="KEY")
     agent.add_argument("--machine-id", required=True,
                        help="which simulated machine: its GPU uuids and figures derive from it")
+    _time_scale_argument(agent)
     agent.add_argument("agent_args", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                        help="the agent's command and options, e.g. run --engine-url URL")
     agent.set_defaults(command=cmd_agent)
@@ -115,9 +130,20 @@ def cmd_list(args) -> int:
 def cmd_serve(args) -> int:
     import uvicorn
 
+    from fleetsim.physics import SPEC_TOKENS_PER_PASS
     from fleetsim.server import EngineServer
 
     profile = get_profile(args.profile)
+    if args.model:
+        try:
+            profile = profile.serving(
+                args.model, args.quantization or profile.quantization, engine=args.engine,
+                tp=args.tensor_parallel_size, context_length=args.max_model_len,
+                max_concurrency=args.max_concurrency,
+                tokens_per_pass=SPEC_TOKENS_PER_PASS if args.speculative else None)
+        except ValueError as exc:
+            print(f"fleetsim: {profile.title} cannot serve {args.model}: {exc}", flush=True)
+            return 1
     app = EngineServer(profile, time_scale=args.time_scale,
                        die_after_tokens=args.die_after_tokens,
                        max_concurrency=args.max_concurrency,
@@ -132,12 +158,14 @@ def cmd_up(args) -> int:
     from fleetsim.fleet import FleetError, plan_machines, run_fleet
 
     try:
-        unknown = sorted(set(args.agent_engines) - set(PROFILES))
+        every = args.agent_engines == ["all"]
+        own = set(args.profiles) if every else set(args.agent_engines)
+        unknown = [] if every else sorted(own - set(PROFILES))  # `all`: plan_machines says
         if unknown:
             raise FleetError(f"--agent-engines: unknown fleetsim profile {unknown[0]!r}")
         machines = plan_machines(args.profiles, args.tokens, args.state_dir.resolve(),
                                  args.base_port, platform=args.platform,
-                                 agent_engines=frozenset(args.agent_engines))
+                                 agent_engines=frozenset(own))
         asyncio.run(run_fleet(args.platform, machines, time_scale=args.time_scale))
     except FleetError as exc:
         print(f"fleetsim: {exc}", file=sys.stderr, flush=True)
@@ -150,7 +178,8 @@ def cmd_agent(args) -> int:
     from fleetsim.machine import SimulatedMachine
 
     machine = SimulatedMachine(args.profile, args.machine_id,
-                               engine_url=_option(args.agent_args, "--engine-url"))
+                               engine_url=_option(args.agent_args, "--engine-url"),
+                               time_scale=args.time_scale)
     return agent_main(args.agent_args, machine=machine)
 
 

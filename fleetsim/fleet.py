@@ -139,7 +139,8 @@ def _bind(port: int | None) -> socket.socket:
 
 def _agent_env() -> dict[str, str]:
     # `python -m fleetsim agent` and `python -m agent` must import from this repository
-    # wherever `up` was started from.
+    # wherever `up` was started from; HF_HUB_CACHE (run_fleet sets it) is where the simulated
+    # machines keep their models' files, for their agents to read.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
@@ -194,7 +195,8 @@ async def _start_agent(machine: Machine, time_scale: float) -> asyncio.subproces
     # The real agent, handed the simulated machine (fleetsim/machine.py).
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "fleetsim", "agent", "--profile", machine.profile.key,
-        "--machine-id", machine.machine_id, *agent_run_args(machine, time_scale),
+        "--machine-id", machine.machine_id, "--time-scale", f"{time_scale:g}",
+        *agent_run_args(machine, time_scale),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_agent_env())
 
 
@@ -216,6 +218,9 @@ async def run_fleet(platform: str, machines: list[Machine], *, time_scale: float
     `stop` is set), then stop the agents and the servers. Never leaves a child behind."""
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
+    if machines:  # the simulated machines' models, on "disk" (sparse files) for their agents
+        os.environ.setdefault("HF_HUB_CACHE",
+                              str(machines[0].credential_file.parent / "hf-cache"))
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)

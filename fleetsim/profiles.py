@@ -1,7 +1,8 @@
 """Measured machine profiles for simulated fleet workers.
 
-Standard library and the agent's own modules only: the node agent imports this module under
-`--simulate PROFILE`, and the agent must run with nothing but httpx and nvidia-ml-py installed.
+Standard library, the agent's own modules and marketplace's pure model data (model_data,
+modelmath: what a model weighs, not how a card serves it). The agent never imports fleetsim:
+fleetsim hands the agent a simulated machine.
 
 Every figure comes from /work/shared/FACTS.md (a GPU fleet operator's published measurements of
 a 27B model on vLLM, plus the GPU reference spec table); each profile's `sources` says which
@@ -20,6 +21,8 @@ import uuid
 from dataclasses import dataclass, replace
 
 from agent.probes import DEFAULT_PARAMS
+from fleetsim import physics
+from marketplace import model_data, modelmath
 
 # The model every measured fleet machine served (FACTS.md: "27B model, vLLM"). Same id as the
 # agent protocol's example, so the platform's routing sees one model across engines.
@@ -123,10 +126,45 @@ CARDS: dict[str, Card] = {
         # No CUDA and no NVML on a Mac: the probes answer "no GPU" (see simulated_probe_results).
         name="Apple M4 Max", architecture=None, compute_capability=None, sm_count=None,
         memory_mib=128 * 1024, bus_width_bits=None, max_memory_clock_mhz=None,
-        sm_clock_mhz=None, l2_mb=None, bandwidth_gbs=546, bf16_tflops=None, pcie_gen=None,
+        # ESTIMATE, as verification/spec_data.py's: Apple publishes no FLOPS figure.
+        sm_clock_mhz=None, l2_mb=None, bandwidth_gbs=546, bf16_tflops=16, pcie_gen=None,
         power_w=None, ecc_mode=None, has_serial=False, bandwidth_efficiency=None,
         matmul_efficiency=None, nvlink_links=None),
 }
+
+def physics_curve(card_key: str, gpus: int, arch: modelmath.Architecture, quantization: str,
+                  engine: str, *, tp: int, tokens_per_pass: float | None = None,
+                  faults: Faults | None = None, pcie_gen: int | None = None,
+                  max_streams: int = 256) -> tuple[tuple[tuple[int, float], ...], int, float]:
+    """(curve, KV tokens, prefill tok/s) of `gpus` cards of CARDS[card_key] serving `arch`:
+    the card's character (physics.py) with the hardware faults applied. Raises ValueError
+    where the weights do not fit beside any KV cache."""
+    card, f = CARDS[card_key], faults or NO_FAULTS
+    layout = physics.Layout(gpus, max(1, min(tp, gpus)))
+    weights = modelmath.weight_bytes(arch, quantization)
+    if weights is None:
+        raise ValueError(f"unknown quantization {quantization!r}")
+    per_replica = physics.kv_tokens(
+        card.memory_mib * 2**20, layout, weights,
+        utilization=1.0 if engine == "llama.cpp" else modelmath.GPU_MEMORY_UTILIZATION,
+        kv_bytes_per_token=modelmath.kv_bytes_per_token(arch) or 1)
+    if per_replica <= 0:
+        raise ValueError(f"{weights / 2**30:.0f} GiB of weights do not fit {gpus} x "
+                         f"{card.memory_mib / 1024:.0f} GiB")
+    clock = (f.memory_clock_mhz / card.max_memory_clock_mhz
+             if f.memory_clock_mhz and card.max_memory_clock_mhz else 1.0)
+    tflops = card.bf16_tflops * f.compute_factor if card.bf16_tflops else None
+    character = physics.CHARACTER[card_key]
+    curve = tuple((n, round(physics.aggregate_tps(
+        character, bandwidth_gbs=card.bandwidth_gbs * clock, bf16_tflops=tflops, arch=arch,
+        quantization=quantization, engine=engine, layout=layout, streams=n,
+        pcie_gen=pcie_gen or card.pcie_gen, nvlink=bool(card.nvlink_links and gpus > 1),
+        tokens_per_pass=tokens_per_pass, kv_capacity=per_replica), 2))
+        for n in physics.curve_levels(max_streams))
+    prefill = physics.prefill_tps(character, bf16_tflops=tflops, arch=arch, layout=layout,
+                                  engine=engine)
+    return curve, per_replica * layout.replicas, prefill
+
 
 # The host each card sits in, as agent/host.py would read it: typical builds for the card's
 # class (a workstation CPU for GeForce cards, a server CPU for datacenter ones). A Mac has no
@@ -169,6 +207,12 @@ class Faults:
     probe_factor: float = 1.0  # hardware probes read this much better than native (WSL2)
     engine_factor: float = 1.0  # share of the honest decode throughput the engine serves
     prefill_factor: float = 1.0  # share of the honest prefill rate
+    # Share of the honest throughput (and prefill) it serves any other model (the platform's
+    # yardstick, a renter's choice) beyond what the hardware faults above (memory clock,
+    # compute) already cost in the physics: None, the engine_factor and prefill_factor (a
+    # machine slow whatever it serves: an engine under WSL2); 1, nothing more (the hardware
+    # faults alone, or a liar that slows only its own model).
+    other_model_factor: float | None = None
 
     @property
     def planted(self) -> bool:
@@ -214,6 +258,52 @@ class Profile:
     claimed_gpu_model: str  # a verification/spec_data.py name
     claimed_vram_gb: int
     faults: Faults = NO_FAULTS
+    # Tokens per pass over the weights when the engine decodes speculatively (the checkpoint's
+    # multi-token-prediction head); None where it does not. vLLM's /metrics counts its drafts.
+    tokens_per_pass: float | None = None
+    # GPUs per replica (vLLM's --tensor-parallel-size); None: one replica over every GPU.
+    tp: int | None = None
+    # The checkpoint the engine loaded, where it serves it under another name (vLLM's
+    # --served-model-name; its /v1/models `root`); "": the model's own name.
+    weights_model: str = ""
+
+    @property
+    def checkpoint(self) -> str:
+        return self.weights_model or model_data.canonical_name(self.model) or self.model
+
+    def serving(self, model: str, quantization: str, *, engine: str | None = None,
+                tp: int | None = None, context_length: int | None = None,
+                max_concurrency: int | None = None,
+                tokens_per_pass: float | None = None) -> Profile:
+        """This machine serving `model` at `quantization` in place of its own model: its curve
+        from the real card's character (physics.py) with the hardware faults applied (a memory
+        clock cut, a power cap), times `Faults.other_model_factor`. Raises ValueError for a
+        model fleetsim does not know or whose weights do not fit."""
+        engine = engine or ("llama.cpp" if quantization.strip().lower() in modelmath.GGUF_TYPES
+                            else "vllm")
+        if (model, quantization, engine, tp, tokens_per_pass) == (
+                self.model, self.quantization, self.engine, self.tp, self.tokens_per_pass):
+            return self
+        checkpoint = self.checkpoint if model == self.model else model
+        arch = model_data.architecture_for(checkpoint)
+        if arch is None:
+            raise ValueError(f"fleetsim does not know the model {model!r}")
+        f = self.faults
+        factor, prefill_factor = ((f.engine_factor, f.prefill_factor)
+                                  if f.other_model_factor is None
+                                  else (f.other_model_factor, f.other_model_factor))
+        slots = max_concurrency or (4 if engine == "llama.cpp" else 256)
+        curve, kv_tokens, prefill = physics_curve(
+            self.card, self.gpu_count, arch, quantization, engine, tp=tp or self.gpu_count,
+            tokens_per_pass=tokens_per_pass, faults=f, pcie_gen=self.pcie_gen_max,
+            max_streams=slots)
+        context = min(n for n in (context_length, arch.max_context, kv_tokens) if n)
+        return replace(
+            self, model=model, weights_model=self.weights_model if model == self.model else "",
+            quantization=quantization, engine=engine, tp=tp,
+            tokens_per_pass=tokens_per_pass, max_concurrency=slots, context_length=context,
+            kv_cache_tokens=kv_tokens, prefill_tps=round(prefill * prefill_factor, 1),
+            throughput=tuple((n, round(t * factor, 2)) for n, t in curve))
 
     def aggregate_tps(self, n: int | float) -> float:
         """Total output tok/s with `n` requests decoding at once.
@@ -274,21 +364,29 @@ _H200_TP = ((1, 170.0), (128, 3_342.0))
 # The fleet report: the same 4090 box under Windows/WSL2 serves 48% slower.
 _WSL2_FACTOR = 0.52
 
-# One RTX 4090 with a 4-bit (AWQ) 27B: derived from the 2x RTX 4090 pair (FACTS.md: 94 alone,
-# 435 at 32), no published figure of its own. One stream is bandwidth-bound: the pair reads
-# ~13.5 GB of FP8 weights per card per token, the single card ~14.3 GB of 4-bit weights and
-# scales, both at 1,008 GB/s, so the ceiling is the same; the pair loses time to PCIe
-# all-reduces, the single card to dequantising: we take 90. At 32 streams decode is
-# compute-bound and one card has half the pair's tensor cores: 435 / 2 = ~218.
-_1X4090_TP = ((1, 90.0), (32, 218.0))
+# The machines no figure is published for serve what their card's character says (physics.py:
+# the 4090's fitted on the published 2x RTX 4090 pair, the Mac's estimated): ESTIMATES, computed
+# the same way for their own model as for any other they are asked to serve.
+def _estimated(card_key: str, gpus: int, model: str, quantization: str, *, engine: str = "vllm",
+               tokens_per_pass: float | None = None, max_streams: int = 32
+               ) -> tuple[tuple[int, float], ...]:
+    curve, _, _ = physics_curve(card_key, gpus, model_data.architecture_for(model), quantization,
+                                engine, tp=gpus, tokens_per_pass=tokens_per_pass,
+                                max_streams=max_streams)
+    return curve
+
+
+# One RTX 4090 with a 4-bit (AWQ) build of the 27B that keeps its multi-token-prediction head.
+_1X4090_TP = _estimated("rtx-4090", 1, MODEL_27B, "awq-int4",
+                        tokens_per_pass=physics.SPEC_TOKENS_PER_PASS)
 # 27B at ~4.25 bits per weight (4-bit groups plus their scales).
 _INT4_GIB = 27e9 * 4.25 / 8 / 2**30
 
 # Apple M4 Max: no published tok/s in FACTS.md. Decode of one stream reads every weight once
 # per token: 546 GB/s / ~16 GB of Q4_K_M weights (27B x ~4.8 bits) = ~34 tok/s ceiling;
-# llama.cpp on Metal reaches roughly two thirds of that, ~22 tok/s. Four parallel slots share
-# each weight read, but Metal's batched matmuls are weak; we assume about 2x at 4 slots.
-_M4_TP = ((1, 22.0), (4, 44.0))
+# llama.cpp on Metal reaches ~70% of the bandwidth, and its four parallel slots share each
+# weight read but little matmul (physics.py's estimate): ~18 alone, ~48 at 4 slots.
+_M4_TP = _estimated("m4-max", 1, MODEL_27B, "Q4_K_M", engine="llama.cpp", max_streams=4)
 
 _HONEST_PROFILES: dict[str, Profile] = {
     p.key: p
@@ -298,16 +396,18 @@ _HONEST_PROFILES: dict[str, Profile] = {
             title="1x RTX PRO 6000 Blackwell 96 GB (vLLM)",
             engine="vllm",
             model=MODEL_27B,
-            quantization="bf16",
-            # 96 GB holds the BF16 weights (~54 GB) and several full-length requests
-            # (~9.3 GiB of KV each at 262,144 tokens, FACTS.md).
+            # 8-bit weights: the only reading under which the fleet's four single-stream figures
+            # fit one bandwidth law (verification/predict.py). 96 GB holds them (~27 GB) and
+            # many full-length requests (~9.3 GiB of KV each at 262,144 tokens, FACTS.md).
+            quantization="fp8",
             context_length=262_144,
             # Measured up to 32 concurrent; beyond it we queue rather than claim more.
             max_concurrency=32,
             throughput=_PRO6000_TP,
+            tokens_per_pass=physics.SPEC_TOKENS_PER_PASS,
             prefill_tps=_prefill_for(_PRO6000_TP),
             prefix_cache=True,
-            kv_cache_tokens=_kv_tokens(96, _BF16_GIB),
+            kv_cache_tokens=_kv_tokens(96, _FP8_GIB),
             gpu_name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
             gpu_count=1,
             memory_total_mib=96 * 1024,  # computed from 96 GB, not an NVML reading
@@ -342,6 +442,7 @@ _HONEST_PROFILES: dict[str, Profile] = {
             context_length=65_536,
             max_concurrency=32,
             throughput=_4090_TP,
+            tokens_per_pass=physics.SPEC_TOKENS_PER_PASS,
             prefill_tps=_prefill_for(_4090_TP),
             prefix_cache=True,
             kv_cache_tokens=_kv_tokens(2 * 24_564 / 1024, _FP8_GIB),
@@ -378,6 +479,7 @@ _HONEST_PROFILES: dict[str, Profile] = {
             context_length=262_144,
             max_concurrency=32,
             throughput=_5090_TP,
+            tokens_per_pass=physics.SPEC_TOKENS_PER_PASS,
             prefill_tps=_prefill_for(_5090_TP),
             prefix_cache=True,
             kv_cache_tokens=_kv_tokens(2 * 32, _FP8_GIB),
@@ -409,13 +511,14 @@ _HONEST_PROFILES: dict[str, Profile] = {
             title="1x H200 141 GB (vLLM)",
             engine="vllm",
             model=MODEL_27B,
-            quantization="bf16",
+            quantization="fp8",  # as the fleet's other machines (rtx-pro-6000)
             context_length=262_144,
             max_concurrency=128,  # measured up to 128 concurrent
             throughput=_H200_TP,
+            tokens_per_pass=physics.SPEC_TOKENS_PER_PASS,
             prefill_tps=_prefill_for(_H200_TP),
             prefix_cache=True,
-            kv_cache_tokens=_kv_tokens(143_771 / 1024, _BF16_GIB),
+            kv_cache_tokens=_kv_tokens(143_771 / 1024, _FP8_GIB),
             gpu_name="NVIDIA H200",
             gpu_count=1,
             memory_total_mib=143_771,  # NVML reading (FACTS.md)
@@ -452,6 +555,7 @@ _HONEST_PROFILES: dict[str, Profile] = {
             context_length=32_768,
             max_concurrency=32,
             throughput=_1X4090_TP,
+            tokens_per_pass=physics.SPEC_TOKENS_PER_PASS,
             prefill_tps=_prefill_for(_1X4090_TP),
             prefix_cache=True,
             kv_cache_tokens=_kv_tokens(24_564 / 1024, _INT4_GIB),
@@ -528,41 +632,37 @@ _HONEST_PROFILES: dict[str, Profile] = {
 
 
 # Two models the published serving reference does not cover, served by honest machines whose
-# peers the verification benchmark's liars must be judged against. Their tok/s are ESTIMATES
-# from verification/predict.py, the model calibrated on the fleet's 27B: between its floor (no
-# speculative decoding) and its fitted prediction, since neither model decodes several tokens
-# a pass the way the fleet's 27B seems to (predict.py's docstring).
+# peers the verification benchmark's liars must be judged against: ESTIMATES from their cards'
+# character (physics.py), neither model decoding more than one token a pass.
 MODEL_LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 MODEL_MISTRAL_24B = "mistralai/Mistral-Small-24B-Instruct-2501"
-# Llama-3.1-8B at BF16 (16 GB) on an RTX PRO 6000: predict.py says floor 74 and 341 at 32,
-# fitted 142 and 1,828; bandwidth alone (1,613 GB/s / 16 GB) allows ~100 at one stream.
-_PRO6000_LLAMA8B_TP = ((1, 95.0), (32, 1_700.0))
-# Mistral-Small-24B at FP8 on two RTX 4090s, tensor parallel: floor 54 and 250, fitted 102
-# and 448 at 32.
-_4090X2_MISTRAL24B_TP = ((1, 85.0), (32, 430.0))
+_PRO6000_LLAMA8B_TP = _estimated("rtx-pro-6000", 1, MODEL_LLAMA_8B, "bf16")
+_4090X2_MISTRAL24B_TP = _estimated("rtx-4090", 2, MODEL_MISTRAL_24B, "fp8")
 
 _HONEST_PROFILES |= {p.key: p for p in (
     replace(
         _HONEST_PROFILES["rtx-pro-6000"], key="rtx-pro-6000-llama8b",
         title="1x RTX PRO 6000 Blackwell 96 GB, Llama-3.1-8B (vLLM)", model=MODEL_LLAMA_8B,
         quantization="bf16", context_length=131_072, throughput=_PRO6000_LLAMA8B_TP,
+        tokens_per_pass=None,
         # a third of the 27B's FLOPs per token
         prefill_tps=round(_prefill_for(_PRO6000_LLAMA8B_TP) * 3, 1),
         # 128 KiB of KV per token (FACTS.md) beside 16 GB of weights in 90% of 96 GB
         kv_cache_tokens=int((96 * 0.9 - 16) * 2**30 / 131_072),
-        sources=("ESTIMATE (no published figure for this model): verification/predict.py's "
-                 "model of the card, between its floor and its fitted prediction; hardware as "
-                 "rtx-pro-6000. " + _PREFILL_NOTE)),
+        sources=("ESTIMATE (no published figure for this model): the RTX PRO 6000's character "
+                 "(fleetsim/physics.py, fitted on its published 27B figures) serving it; "
+                 "hardware as rtx-pro-6000. " + _PREFILL_NOTE)),
     replace(
         _HONEST_PROFILES["2x-rtx-4090"], key="2x-rtx-4090-mistral24b",
         title="2x RTX 4090 24 GB, Mistral-Small-24B, tensor parallel (vLLM)",
         model=MODEL_MISTRAL_24B, quantization="fp8", context_length=32_768,
+        tokens_per_pass=None,
         throughput=_4090X2_MISTRAL24B_TP, prefill_tps=_prefill_for(_4090X2_MISTRAL24B_TP),
         # 40 layers x 8 KV heads x 128 x 2 x 2 bytes = 160 KiB a token beside 24 GB of weights
         kv_cache_tokens=int((2 * 24 * 0.9 - 24) * 2**30 / 163_840),
-        sources=("ESTIMATE (no published figure for this model): verification/predict.py's "
-                 "model of the pair, between its floor and its fitted prediction; hardware as "
-                 "2x-rtx-4090. " + _PREFILL_NOTE)),
+        sources=("ESTIMATE (no published figure for this model): the RTX 4090's character "
+                 "(fleetsim/physics.py, fitted on the published pair's 27B figures) serving it; "
+                 "hardware as 2x-rtx-4090. " + _PREFILL_NOTE)),
 )}
 
 
@@ -602,10 +702,10 @@ def plant(base: Profile, *, key: str, faults: Faults, sources: str, title: str |
 
 
 _H = _HONEST_PROFILES
-# liar-3090-as-4090's engine: a 3090 in place of the 4090. One stream is bandwidth-bound (936 /
-# 1,008 = 0.93 of the 4090); at 32 streams compute matters, and a 3090 has 71 / 165 = 0.43 of
-# its tensor rate: we take 0.65, between the two (ESTIMATE).
-_3090_TP = ((1, round(_1X4090_TP[0][1] * 936 / 1008, 1)), (32, round(_1X4090_TP[1][1] * 0.65, 1)))
+# liar-3090-as-4090's engine: a 3090 in place of the 4090, serving what a 3090 serves (its
+# character, physics.py: ESTIMATE).
+_3090_TP = _estimated("rtx-3090", 1, MODEL_27B, "awq-int4",
+                      tokens_per_pass=physics.SPEC_TOKENS_PER_PASS)
 # liar-bandwidth-starved: memory locked at 6,801 of 10,501 MHz; decode reads weights at that
 # clock's share of the bandwidth, so it serves in proportion; prefill is compute-bound.
 _STARVED_CLOCK_MHZ = 6_801
@@ -625,9 +725,8 @@ _PLANTED_PROFILES: dict[str, Profile] = {
             sources=(
                 "PLANTED: an RTX 3090 whose NVML shim reports an RTX 4090 (name, compute "
                 "capability, architecture); CUDA still says 8.6 with 82 SMs, it measures like a "
-                "3090 (~860 GB/s, ~62 TFLOPS) and serves like one: rtx-4090's curve x 0.93 "
-                "alone (bandwidth 936/1,008), x 0.65 at 32 (ESTIMATE between bandwidth and "
-                "compute 71/165); prefill x 71/165. " + _CARD_NOTE
+                "3090 (~860 GB/s, ~62 TFLOPS) and serves like one (the 3090's character, "
+                "fleetsim/physics.py: ESTIMATE); prefill x 71/165. " + _CARD_NOTE
             ),
         ),
         plant(
@@ -644,7 +743,8 @@ _PLANTED_PROFILES: dict[str, Profile] = {
             _H["rtx-4090"], key="liar-bandwidth-starved",
             title="1x RTX 4090 with its memory clock cut (vLLM)",
             faults=Faults(memory_clock_mhz=_STARVED_CLOCK_MHZ,
-                          engine_factor=round(_STARVED_CLOCK_MHZ / 10_501, 3)),
+                          engine_factor=round(_STARVED_CLOCK_MHZ / 10_501, 3),
+                          other_model_factor=1.0),
             sources=(
                 "PLANTED: an RTX 4090 with its memory clock locked at 6,801 of 10,501 MHz: "
                 "theoretical 653 GB/s, measured ~58% of the 1,008 GB/s spec, and the engine "
@@ -655,7 +755,7 @@ _PLANTED_PROFILES: dict[str, Profile] = {
             _H["rtx-4090"], key="liar-power-capped",
             title="1x RTX 4090 capped at 250 W (vLLM)",
             faults=Faults(power_limit_w=250, compute_factor=_CAPPED_COMPUTE, engine_factor=0.8,
-                          prefill_factor=_CAPPED_COMPUTE),
+                          prefill_factor=_CAPPED_COMPUTE, other_model_factor=1.0),
             sources=(
                 "PLANTED: an RTX 4090 with its power limit at 250 W (default 450): BF16 matmul "
                 "~60% of spec, SM clock down, sw_power_cap throttling; bandwidth unharmed; the "
@@ -744,6 +844,59 @@ _PLANTED_PROFILES: dict[str, Profile] = {
     )
 }
 
+# Liars that neither peers nor a published figure could catch before the yardstick: a model
+# whose name states no size, a GPU count no other machine has, two slow machines with only each
+# other as peers, a slow Mac. Each at 40-60% of what the honest machine serves.
+MODEL_HOUSE = "acme/house-blend"  # a name that states no size: the 27B under another name
+_ARCH_27B = model_data.architecture_for(MODEL_27B)
+# Three RTX 4090s serve the 27B as their character says (no published figure: ESTIMATE).
+_3X4090_TP, _3X4090_KV, _ = physics_curve(
+    "rtx-4090", 3, _ARCH_27B, "fp8", "vllm", tp=3,
+    tokens_per_pass=physics.SPEC_TOKENS_PER_PASS, max_streams=32)
+_5090X2_MISTRAL24B_TP, _5090X2_MISTRAL24B_KV, _ = physics_curve(
+    "rtx-5090", 2, model_data.architecture_for(MODEL_MISTRAL_24B), "fp8", "vllm", tp=2,
+    max_streams=32)
+
+
+def _times(curve: tuple[tuple[int, float], ...], factor: float) -> tuple[tuple[int, float], ...]:
+    return tuple((n, round(t * factor, 2)) for n, t in curve)
+
+
+_PLANTED_PROFILES |= {p.key: p for p in (
+    plant(
+        _H["2x-rtx-5090"], key="liar-nosize-5090x2", model=MODEL_HOUSE,
+        weights_model=model_data.canonical_name(MODEL_27B),
+        title="2x RTX 5090 serving a model whose name states no size, at 40% (vLLM)",
+        faults=Faults(engine_factor=0.4, prefill_factor=0.4, other_model_factor=1.0),
+        sources=("PLANTED: an honest pair of RTX 5090s serving the 27B under a name that states "
+                 "no size (vLLM's --served-model-name; its weights are the 27B's, on disk where "
+                 "the agent reads them) at 40% of 2x-rtx-5090, and the platform's yardstick at "
+                 "full speed.")),
+    plant(
+        _H["2x-rtx-4090"], key="liar-3x4090", gpu_count=3, throughput=_times(_3X4090_TP, 0.6),
+        kv_cache_tokens=_3X4090_KV,
+        title="3x RTX 4090 serving the 27B at 60% of what three honest cards do (vLLM)",
+        faults=Faults(engine_factor=0.6, prefill_factor=0.6),
+        sources=("PLANTED: three RTX 4090s, a count no other machine of the fleet has, serving "
+                 "the 27B and the platform's yardstick at 60% of what the 4090's character "
+                 "(fleetsim/physics.py) serves on three cards; probes honest.")),
+    plant(
+        _H["2x-rtx-5090"], key="liar-twin-5090-24b", model=MODEL_MISTRAL_24B,
+        quantization="fp8", tokens_per_pass=None, context_length=32_768,
+        throughput=_times(_5090X2_MISTRAL24B_TP, 0.5), kv_cache_tokens=_5090X2_MISTRAL24B_KV,
+        title="2x RTX 5090 serving Mistral-Small-24B at half speed: one of two twins (vLLM)",
+        faults=Faults(engine_factor=0.5, prefill_factor=0.5, other_model_factor=1.0),
+        sources=("PLANTED: a pair of RTX 5090s serving Mistral-Small-24B at 50% of what the "
+                 "5090's character (fleetsim/physics.py) serves, beside a twin as slow and no "
+                 "honest machine on that model; the platform's yardstick at full speed.")),
+    plant(
+        _H["m4-max-llamacpp"], key="liar-slow-m4",
+        title="Apple M4 Max serving at 45% of an honest M4 Max (llama.cpp)",
+        faults=Faults(engine_factor=0.45, prefill_factor=0.45),
+        sources=("PLANTED: an M4 Max (no probes: a Mac has no CUDA) whose engine serves 45% "
+                 "of m4-max-llamacpp, whatever model, beside that honest Mac.")),
+)}
+
 PROFILES: dict[str, Profile] = _HONEST_PROFILES | _PLANTED_PROFILES
 
 # The verification benchmark's fleet: one machine per key, so `python -m fleetsim up --planted`
@@ -763,18 +916,30 @@ LIARS: dict[str, str] = {
     "liar-slow-mistral24b": "2x RTX 4090, bare-metal probes, serving Mistral-24B at 53% of its "
                             "peer",
     "liar-h200-300w": "an H200 capped at 300 W whose NVML calls 300 W its default",
+    "liar-nosize-5090x2": "2x RTX 5090 serving a model whose name states no size at 40%",
+    "liar-3x4090": "3x RTX 4090 (a count nobody else has) serving at 60%, yardstick too",
+    "liar-twin-5090-24b": "two 2x RTX 5090 twins serving Mistral-24B at 50%, peers of each "
+                          "other only",
+    "liar-slow-m4": "an Apple M4 Max serving at 45% of the honest M4 Max beside it",
 }
-# The finding that must catch each liar: flagged on another check alone is not caught.
-CAUGHT_BY: dict[str, str] = {
-    "liar-3090-as-4090": "identity", "liar-48gb": "vram", "liar-bandwidth-starved": "bandwidth",
-    "liar-power-capped": "power", "liar-gen3-x1": "pcie", "2x-rtx-4090-wsl2": "serving",
-    "liar-duplicate-uuid": "uuid", "liar-slow-engine": "serving",
-    "liar-slow-llama8b": "serving", "liar-slow-mistral24b": "serving",
-    "liar-h200-300w": "power",
+# The findings that may catch each liar: flagged on another check alone is not caught.
+SERVING = ("serving", "yardstick")  # its own model, or the platform's yardstick
+CAUGHT_BY: dict[str, tuple[str, ...]] = {
+    "liar-3090-as-4090": ("identity",), "liar-48gb": ("vram",),
+    "liar-bandwidth-starved": ("bandwidth",), "liar-power-capped": ("power",),
+    "liar-gen3-x1": ("pcie",), "2x-rtx-4090-wsl2": SERVING, "liar-duplicate-uuid": ("uuid",),
+    "liar-slow-engine": SERVING, "liar-slow-llama8b": SERVING, "liar-slow-mistral24b": SERVING,
+    "liar-h200-300w": ("power",),
+    # The yardstick at full speed: only its own model, judged by the size its files give,
+    # gives it away.
+    "liar-nosize-5090x2": ("serving",), "liar-twin-5090-24b": ("serving",),
+    "liar-3x4090": SERVING, "liar-slow-m4": SERVING,
 }
+# Machines of the fleet that are twice in it (two machines, one key).
+TWICE = ("liar-twin-5090-24b",)
 PLANTED_FLEET: list[str] = [
     "h200", "rtx-pro-6000", "2x-rtx-5090", "2x-rtx-4090", "rtx-4090", "m4-max-llamacpp",
-    "rtx-pro-6000-llama8b", "2x-rtx-4090-mistral24b", *LIARS,
+    "rtx-pro-6000-llama8b", "2x-rtx-4090-mistral24b", *LIARS, *TWICE,
 ]
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -20,6 +22,7 @@ import uvicorn
 from fleetsim.engine import Engine, Request
 from fleetsim.profiles import Profile
 from fleetsim.tokenizer import chat_prompt_tokens, detokenize_piece, filler_tokens, tokenize
+from marketplace import model_data, modelmath
 
 DEFAULT_MAX_TOKENS = 256
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -27,6 +30,8 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 _COMPACT = (",", ":")
 # What `system_fingerprint` says on llama-server: its build number and commit.
 LLAMACPP_BUILD = "b6500-fleetsim"
+# Draft tokens a speculative step proposes (the multi-token-prediction head's three).
+SPEC_DRAFT_TOKENS = 3
 
 
 class BadRequest(Exception):
@@ -69,6 +74,8 @@ class EngineServer:
         self.started = int(time.time())
         self.is_vllm = profile.engine == "vllm"
         self.prompt_tokens_details = prompt_tokens_details
+        if os.environ.get("HF_HUB_CACHE"):  # where the simulated machines keep their models
+            write_checkpoint(profile, Path(os.environ["HF_HUB_CACHE"]))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -114,7 +121,7 @@ class EngineServer:
         entry: dict[str, Any] = {"id": p.model, "object": "model", "created": self.started}
         if self.is_vllm:
             entry |= {
-                "owned_by": "vllm", "root": p.model, "parent": None,
+                "owned_by": "vllm", "root": p.checkpoint, "parent": None,
                 "max_model_len": p.context_length,
                 "permission": [{
                     "id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
@@ -128,12 +135,9 @@ class EngineServer:
         else:
             # llama-server's extra `meta` block: per-slot and trained context, size of the
             # GGUF (27B at Q4_K_M).
-            entry |= {
-                "owned_by": "llamacpp", "aliases": [p.model], "tags": [],
-                "meta": {"vocab_type": 2, "n_vocab": 151_936, "n_ctx": p.context_length,
-                         "n_ctx_train": 262_144, "n_embd": 5120, "n_params": 27_000_000_000,
-                         "size": 16_500_000_000, "ftype": p.quantization},
-            }
+            entry |= {"owned_by": "llamacpp", "aliases": [p.model], "tags": [],
+                      "meta": {"vocab_type": 2, "n_ctx": p.context_length,
+                               "ftype": p.quantization} | _gguf_meta(p)}
         await _send_json(send, 200, {"object": "list", "data": [entry]})
 
     async def _health(self, send):
@@ -444,6 +448,38 @@ async def _send_json(send, status: int, obj) -> None:
 
 # --- /metrics -------------------------------------------------------------------------------
 
+def _gguf_meta(p: Profile) -> dict:
+    """llama-server's `meta` figures of the GGUF it loaded (none for a checkpoint fleetsim does
+    not know)."""
+    arch = model_data.architecture_for(p.checkpoint)
+    weights = modelmath.weight_bytes(arch, p.quantization) if arch else None
+    if arch is None or weights is None:
+        return {}
+    config = model_data.MODELS[model_data.canonical_name(p.checkpoint)]["config"]
+    return {"n_vocab": config.get("vocab_size"), "n_ctx_train": arch.max_context,
+            "n_embd": arch.hidden_size, "n_params": int(arch.params), "size": int(weights)}
+
+
+def write_checkpoint(p: Profile, hub_cache: Path) -> Path | None:
+    """The checkpoint the engine loaded, as a Hugging Face cache entry in `hub_cache`: its
+    config.json and one weights file of its size (sparse: it takes no disk), where the node
+    agent reads a model's size from (agent/model_files.py). None for a checkpoint fleetsim
+    does not know, or a GGUF (llama-server says its size itself)."""
+    name = model_data.canonical_name(p.checkpoint)
+    arch = model_data.architecture_for(p.checkpoint)
+    weights = modelmath.weight_bytes(arch, p.quantization) if arch else None
+    if name is None or weights is None or "/" not in p.checkpoint or p.engine != "vllm":
+        return None
+    org, model = p.checkpoint.split("/", 1)
+    snapshot = hub_cache / f"models--{org}--{model}" / "snapshots" / f"fleetsim-{p.quantization}"
+    snapshot.mkdir(parents=True, exist_ok=True)
+    config = dict(model_data.MODELS[name]["config"])
+    (snapshot / "config.json").write_text(json.dumps(config))
+    with open(snapshot / "model.safetensors", "ab") as f:
+        f.truncate(int(weights))
+    return snapshot
+
+
 def _vllm_metrics(server: EngineServer) -> str:
     """vLLM v1 names (FACTS.md: kv_cache_usage_perc and prefix_cache_* replaced the gpu_*
     names). prometheus_client writes a counter `x` as `# TYPE x counter` plus a sample named
@@ -465,6 +501,18 @@ def _vllm_metrics(server: EngineServer) -> str:
         ("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens),
         ("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens),
     ]
+    per_pass = server.profile.tokens_per_pass
+    if per_pass:
+        # Speculative decoding (vLLM's spec_decode_* counters): one draft a pass over the
+        # weights, its accepted tokens the ones beyond the first.
+        drafts = round(c.generation_tokens / per_pass)
+        counters += [
+            ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", drafts),
+            ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+             drafts * SPEC_DRAFT_TOKENS),
+            ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+             c.generation_tokens - drafts),
+        ]
     lines = []
     for name, help_, value in gauges:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} gauge", f"{name}{labels} {float(value)}"]

@@ -47,6 +47,14 @@ MODELS = {
                     num_key_value_heads=8, head_dim=128, intermediate_size=14336,
                     vocab_size=128256, max_position_embeddings=131_072),
         params=8.03e9, source="Llama-3.1-8B config.json (FACTS.md: 128 KiB of KV per token)"),
+    "mistralai/Mistral-Small-24B-Instruct-2501": dict(
+        label="Mistral-Small-24B",
+        config=dict(num_hidden_layers=40, hidden_size=5120, num_attention_heads=32,
+                    num_key_value_heads=8, head_dim=128, intermediate_size=32768,
+                    vocab_size=131072, max_position_embeddings=32_768),
+        params=23.6e9, source="Mistral-Small-24B-Instruct-2501 config.json (40 layers, 8 KV "
+                              "heads of 128: 160 KiB of KV a token at 16 bits); 23.6B parameters "
+                              "as its model card states"),
     "HuggingFaceTB/SmolLM2-135M-Instruct": dict(
         label="SmolLM2-135M",
         config=dict(num_hidden_layers=30, hidden_size=576, num_attention_heads=9,

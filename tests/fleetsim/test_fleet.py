@@ -78,7 +78,10 @@ def test_up_planted_is_the_whole_planted_fleet_with_one_token_per_machine(tmp_pa
     assert args.profiles == PLANTED_FLEET
     tokens = [f"t{i}" for i in range(len(PLANTED_FLEET))]
     machines = plan_machines(args.profiles, tokens, tmp_path, 9000)
-    assert [m.machine_id for m in machines] == [f"{key}-1" for key in PLANTED_FLEET]
+    # One machine a key, but the twins: two machines of one key.
+    assert [m.machine_id for m in machines] == [
+        f"{key}-{PLANTED_FLEET[:i + 1].count(key)}" for i, key in enumerate(PLANTED_FLEET)]
+    assert {m.machine_id for m in machines} >= {"liar-twin-5090-24b-1", "liar-twin-5090-24b-2"}
     assert [m.token for m in machines] == tokens
     with pytest.raises(FleetError, match="one enrolment token per machine"):
         plan_machines(args.profiles, tokens[:-1], tmp_path, 9000)

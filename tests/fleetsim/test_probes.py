@@ -21,11 +21,13 @@ from fleetsim.profiles import (
     PCIE_LANE_GBS,
     PLANTED_FLEET,
     PROFILES,
+    TWICE,
     get_profile,
     gpu_uuid,
     simulated_facts,
     simulated_probe_results,
 )
+from marketplace import modelmath
 from verification.spec_data import SERVING_REFERENCE, SPECS
 
 SPEC_BY_NAME = {s["name"]: s for s in SPECS}
@@ -152,17 +154,19 @@ def test_deterministic_per_machine_id():
         assert a["matmul"]["best_tflops"] != b["matmul"]["best_tflops"]
 
 
-def test_probes_use_only_the_standard_library_and_the_agent():
+def test_probes_use_only_the_standard_library_the_agent_and_the_model_arithmetic():
     """A simulated machine's agent process (`python -m fleetsim agent`) loads fleetsim.profiles
-    and must stay as light as the agent itself; fleetsim takes the probes' default parameters
-    from the agent, whose modules import no more."""
+    and must stay light: the standard library, the agent (the probes' default parameters), and
+    marketplace's pure model arithmetic (what a model weighs), never Django."""
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, fleetsim.profiles; print(' '.join(sys.modules))"],
         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2],
     ).stdout.split()
-    allowed = set(sys.stdlib_module_names) | {"__future__", "agent", "fleetsim"}
+    allowed = set(sys.stdlib_module_names) | {"__future__", "agent", "fleetsim", "marketplace"}
     outside = {name.split(".")[0] for name in loaded} - allowed
     assert not {name for name in outside if not name.startswith("_")}, outside
+    assert {name for name in loaded if name.startswith("marketplace.")} == {
+        "marketplace.model_data", "marketplace.modelmath"}
 
 
 # --- honest machines measure like real ones ----------------------------------------------------
@@ -384,7 +388,9 @@ def test_slow_engine_has_honest_hardware_and_serves_30_percent():
 # --- the planted fleet -----------------------------------------------------------------------
 
 def test_planted_fleet_lists_honest_machines_and_every_kind_of_liar():
-    assert len(PLANTED_FLEET) >= 12 and len(set(PLANTED_FLEET)) == len(PLANTED_FLEET)
+    assert len(PLANTED_FLEET) >= 12
+    # One machine a key, but the twins, who must have only each other as peers.
+    assert [k for k in set(PLANTED_FLEET) if PLANTED_FLEET.count(k) > 1] == list(TWICE)
     assert set(PLANTED_FLEET) == HONEST | set(LIARS) and not HONEST & set(LIARS)
     assert set(PLANTED_FLEET) <= set(PROFILES)
     assert {"h200", "rtx-pro-6000", "2x-rtx-5090", "2x-rtx-4090", "rtx-4090",
@@ -392,7 +398,14 @@ def test_planted_fleet_lists_honest_machines_and_every_kind_of_liar():
     assert {"liar-3090-as-4090", "liar-48gb", "liar-bandwidth-starved", "liar-power-capped",
             "liar-gen3-x1", "2x-rtx-4090-wsl2", "liar-duplicate-uuid",
             "liar-slow-engine", "liar-slow-llama8b", "liar-slow-mistral24b",
-            "liar-h200-300w"} == set(LIARS) == set(CAUGHT_BY)
+            "liar-h200-300w", "liar-nosize-5090x2", "liar-3x4090", "liar-twin-5090-24b",
+            "liar-slow-m4"} == set(LIARS) == set(CAUGHT_BY)
+    # Liars only the yardstick could catch: no peer, no published figure, no size in a name.
+    assert modelmath.params_from_name(get_profile("liar-nosize-5090x2").model) is None
+    assert get_profile("liar-3x4090").gpu_count == 3
+    assert not any(get_profile(k).gpu_count == 3 for k in HONEST)
+    assert not any(get_profile(k).model == get_profile("liar-twin-5090-24b").model
+                   and get_profile(k).card == "rtx-5090" for k in HONEST)
     # Liars on models the published reference does not cover, with honest peers on them.
     reference_models = {ref["model"] for ref in SERVING_REFERENCE}
     for liar, peer in (("liar-slow-llama8b", "rtx-pro-6000-llama8b"),

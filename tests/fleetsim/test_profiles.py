@@ -10,7 +10,8 @@ EXPECTED_KEYS = {"rtx-pro-6000", "2x-rtx-4090", "2x-rtx-5090", "h200", "2x-rtx-4
                  "liar-bandwidth-starved", "liar-power-capped", "liar-gen3-x1",
                  "liar-duplicate-uuid", "liar-slow-engine", "rtx-pro-6000-llama8b",
                  "2x-rtx-4090-mistral24b", "liar-slow-llama8b", "liar-slow-mistral24b",
-                 "liar-h200-300w"}
+                 "liar-h200-300w", "liar-nosize-5090x2", "liar-3x4090", "liar-twin-5090-24b",
+                 "liar-slow-m4"}
 
 
 def test_the_shipped_profiles():
@@ -40,12 +41,15 @@ def test_published_ranges_hold_the_chosen_single_stream_figures():
     assert 163 <= get_profile("h200").aggregate_tps(1) <= 176
 
 
-def test_single_4090_is_derived_from_the_pair():
+def test_single_4090_serves_what_the_pairs_card_character_says():
+    """No figure is published for one RTX 4090: it serves the 27B as the 4090's character,
+    fitted on the published pair, says (fleetsim/physics.py); its 4-bit weights read about
+    what each card of the pair reads, and it pays no tensor-parallel cost under load."""
     single, pair = get_profile("rtx-4090"), get_profile("2x-rtx-4090")
     assert single.gpu_count == 1 and single.engine == "vllm" and single.prefix_cache
-    assert single.aggregate_tps(1) == 90 <= pair.aggregate_tps(1)
-    assert single.aggregate_tps(32) == pytest.approx(pair.aggregate_tps(32) / 2, abs=1)
-    assert "2x-rtx-4090" in single.sources and "ESTIMATE" in single.sources
+    assert pair.aggregate_tps(1) * 0.9 < single.aggregate_tps(1) < pair.aggregate_tps(1) * 1.25
+    assert single.aggregate_tps(32) > pair.aggregate_tps(32)
+    assert "ESTIMATE" in single.sources
     # 4-bit weights (~14 GiB) leave KV room for several full-length requests on 24 GB.
     assert single.kv_cache_tokens >= 4 * single.context_length
 
