@@ -189,7 +189,7 @@ def cmd_run(args, machine) -> int:
     path = args.credential_file.expanduser()
     node = read_credential(path)
     platform = _base_url(node["platform"], f"the platform URL in {path}")
-    engine = _supervisor(args, path)
+    engine = _supervisor(args, path, machine)
     if engine is None and not args.engine_url:
         raise AgentError("Give --engine-url (the engine you run), or let the agent run the "
                          "engine: --serve MODEL or --engine-command COMMAND.")
@@ -297,7 +297,8 @@ def _engine_report(http, engine_url, args, engine, state_dir: Path) -> dict:
     options = dict(engine_kind=args.engine_kind, max_context=args.max_context,
                    quantization=args.quantization)
     if engine is not None:
-        report = client.engine_status(http, engine_url, headers=engine.headers(), **options)
+        report = client.engine_status(http, engine_url, headers=engine.headers(),
+                                      model_paths=engine.model_paths(), **options)
         in_use = engine.key_in_use()
     else:
         keys = supervisor.engine_keys(state_dir) or [None]
@@ -338,8 +339,10 @@ def _take_engine_key(offer, state_dir: Path, engine) -> None:
         engine.changed.set()
 
 
-def _supervisor(args, credential_path: Path) -> supervisor.Supervisor | None:
-    """The engine supervisor `run`'s flags ask for, or None (the provider runs the engine)."""
+def _supervisor(args, credential_path: Path, machine=None) -> supervisor.Supervisor | None:
+    """The engine supervisor `run`'s flags ask for, or None (the provider runs the engine).
+    `machine` may run the platform's yardstick command its own way (`engine_argv`: a simulated
+    machine runs its simulated engine)."""
     if args.serve is None and args.engine_command is None:
         if args.model_file:
             raise AgentError("--model-file goes with --serve.")
@@ -360,7 +363,8 @@ def _supervisor(args, credential_path: Path) -> supervisor.Supervisor | None:
         engine_url=_base_url(args.engine_url or "http://127.0.0.1:8000", "--engine-url"),
         command=command, serve=args.serve, quantization=args.quantization,
         model_file=args.model_file, stop_timeout_s=args.stop_timeout,
-        drain_timeout_s=args.drain_timeout, log=log)
+        drain_timeout_s=args.drain_timeout, log=log,
+        engine_argv=getattr(machine, "engine_argv", None))
 
 
 def _last_heartbeat(platform, credential, args, machine, engine, engine_url,

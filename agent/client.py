@@ -3,6 +3,8 @@ list)."""
 
 import httpx
 
+from agent import model_files
+
 PLATFORM_TIMEOUT_S = 10.0
 ENGINE_TIMEOUT_S = 5.0
 MAX_STRING = 256  # the protocol's limit on every string
@@ -104,13 +106,14 @@ def _flatten(errors) -> str:
 
 def engine_status(client: httpx.Client, engine_url: str, *, engine_kind: str | None = None,
                   max_context: int | None = None, quantization: str | None = None,
-                  headers: dict | None = None) -> dict:
+                  headers: dict | None = None, model_paths: list[str] = ()) -> dict:
     """The heartbeat's engine part. Never raises: an engine that does not answer is reported
     (reachable false, error why), it does not stop the heartbeat.
 
     `engine_kind`, `max_context` and `quantization` are the provider's word (`run`'s flags)
     for what the engine leaves unsaid; what the engine itself says, once checked, wins.
-    `headers`: the engine key, for an engine started with one."""
+    `headers`: the engine key, for an engine started with one. `model_paths`: the model files
+    or directories the engine was started with (its argv), where its files are read first."""
     status = {"url": engine_url, "reachable": False, "models": [], "served": [], "error": None}
     try:
         response = client.get(f"{engine_url}/v1/models", timeout=ENGINE_TIMEOUT_S,
@@ -135,6 +138,9 @@ def engine_status(client: httpx.Client, engine_url: str, *, engine_kind: str | N
             continue
         served[model_id] = _served_model(model_id, entry, engine_kind=engine_kind,
                                          max_context=max_context, quantization=quantization)
+        files = model_files.read(entry, paths=list(model_paths))
+        if files:
+            served[model_id]["files"] = files
         if len(served) == MAX_MODELS:
             break
     status["models"] = list(served)

@@ -14,6 +14,9 @@ provider's own. Either way the Supervisor, in a thread of the agent:
 - drains it before a new configuration or a restart the provider asked for: it says
   `draining` (routing stops sending it work), waits until the platform has heard and its
   routers have had time to follow, then until no request is in flight, and only then restarts;
+- serves the platform's yardstick while a verification run asks for it (the reply's
+  `engine.yardstick`): the engine is drained and started with the yardstick's command, and the
+  provider's own comes back, drained the same way, when the reply no longer carries it;
 - stops it with the agent (SIGTERM to its process group, SIGKILL after the timeout);
 - hands it over on an upgrade: a newer agent with the same state directory connects to the
   running engine's keeper instead of starting a second engine, and this one leaves.
@@ -43,6 +46,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+
+from agent import model_files
 
 STARTING, LOADING, READY, DRAINING, CRASHED, STOPPED = (
     "starting", "loading", "ready", "draining", "crashed", "stopped")
@@ -112,6 +117,7 @@ class Launch:
     # The engine key's fingerprint where the argv carries the key: a new key is a new
     # configuration, so the engine is drained and restarted with it.
     key_fingerprint: str | None = None
+    yardstick: int | None = None  # the verification run whose yardstick this is
 
     @property
     def digest(self) -> str:
@@ -127,6 +133,7 @@ class _Running:
     argv: list[str]  # masked
     pid: int | None = None
     key_fingerprint: str | None = None  # of the key the engine was started with
+    yardstick: int | None = None  # the verification run whose yardstick it serves
 
 
 @dataclass
@@ -368,7 +375,8 @@ class Supervisor:
                  serve: str | None = None, quantization: str | None = None,
                  model_file: str | None = None, backoff: Backoff = Backoff(),
                  stop_timeout_s: float = 30.0, drain_timeout_s: float = 300.0,
-                 log: Callable[[str], None] = print, poll_s: float = 0.25):
+                 log: Callable[[str], None] = print, poll_s: float = 0.25,
+                 engine_argv: Callable[[list[str]], list[str]] | None = None):
         if (command is None) == (serve is None):
             raise ValueError("give the provider's command or the model to serve, not both")
         self.state_dir = Path(state_dir)
@@ -384,12 +392,16 @@ class Supervisor:
         self.log = log
         self.poll_s = poll_s
         self.mode = "command" if command is not None else "platform"
+        # What runs the platform's yardstick command on this machine (a simulated machine runs
+        # its simulated engine in place of vLLM or llama-server); None: the command as it is.
+        self.engine_argv = engine_argv
         self.changed = threading.Event()  # something a heartbeat should say at once
         self.replaced_by: int | None = None  # a newer agent took the engine over
 
         self._lock = threading.RLock()
         self._status = _Status()
         self._config: dict | None = None  # the platform's latest engine configuration
+        self._yardstick: dict | None = None  # {"run", "config"} while a run asks for it
         self._restart_seen: int | None = None
         self._restart_wanted = False
         self._running: _Running | None = None
@@ -486,6 +498,8 @@ class Supervisor:
                 "log_tail": tail,
                 "error": status.error[:256] if status.error else None,
                 "restart_seen": self._restart_seen or 0,
+                "yardstick": ({"run": running.yardstick, "version": running.version}
+                              if running and running.yardstick else None),
             }
 
     def on_reply(self, engine: dict | None, *, sent_state: str | None = None) -> None:
@@ -499,6 +513,8 @@ class Supervisor:
             config = engine.get("config")
             if self.mode == "platform" and (config is None or isinstance(config, dict)):
                 self._config = config
+            yardstick = engine.get("yardstick")
+            self._yardstick = yardstick if _runnable_yardstick(yardstick) else None
             restart = engine.get("restart")
             if type(restart) is int and restart >= 0:
                 if self._restart_seen is None:
@@ -546,6 +562,11 @@ class Supervisor:
     def _wanted(self) -> Launch | None:
         """What should run now, or None (and why, in the status) when nothing can."""
         key = key_fingerprint(read_engine_key(self.state_dir))
+        if self._yardstick is not None:
+            config = self._yardstick["config"]
+            argv = tuple(str(a) for a in config["argv"])
+            return Launch(argv, self.mode, str(config.get("version") or "") or None,
+                          key_fingerprint=_keyed(argv, key), yardstick=self._yardstick["run"])
         if self.command is not None:
             return Launch(self.command, "command", key_fingerprint=_keyed(self.command, key))
         config = self._config
@@ -565,7 +586,14 @@ class Supervisor:
 
     def _argv_for(self, launch: Launch) -> list[str]:
         argv = argv_with_key(launch.argv, read_engine_key(self.state_dir))
+        if launch.yardstick is not None:
+            return self.engine_argv(argv) if self.engine_argv else argv
         return with_model_file(argv, self.model_file) if launch.mode == "platform" else argv
+
+    def model_paths(self) -> list[str]:
+        """The model files or directories the running engine was started with."""
+        with self._lock:
+            return model_files.paths_in(self._running.argv) if self._running else []
 
     def _step(self) -> None:
         now = time.monotonic()
@@ -592,7 +620,10 @@ class Supervisor:
                 self.log(f"Engine ready (pid {self._running.pid}).")
         elif state == READY and (restart or new):
             self._restart_wanted = False
-            reason = "the platform's configuration changed" if new else "a restart was asked"
+            reason = ("a restart was asked" if not new else
+                      "the platform asks for its yardstick" if wanted.yardstick else
+                      "the yardstick is done" if self._running.yardstick else
+                      "the platform's configuration changed")
             with self._lock:
                 self._drain = _Drain(reason=reason, started=now)
             self._set(DRAINING)
@@ -732,7 +763,8 @@ class Supervisor:
                                      version=meta.get("version"),
                                      argv=list(meta.get("argv") or []),
                                      pid=status.get("engine_pid"),
-                                     key_fingerprint=meta.get("key_fingerprint"))
+                                     key_fingerprint=meta.get("key_fingerprint"),
+                                     yardstick=meta.get("yardstick"))
         self._metrics_known = None
         for event in others:
             if event.get("event") == "exited":
@@ -759,7 +791,8 @@ class Supervisor:
                     "record": str(self.record_path), "stop_timeout_s": self.stop_timeout_s,
                     "meta": {"digest": launch.digest, "mode": launch.mode,
                              "version": launch.version, "argv": shown,
-                             "key_fingerprint": launch.key_fingerprint}}
+                             "key_fingerprint": launch.key_fingerprint,
+                             "yardstick": launch.yardstick}}
             with open(self.log_path, "ab") as out:
                 # -I: the keeper imports the standard library only, never a module beside it.
                 self._keeper = subprocess.Popen(
@@ -889,6 +922,15 @@ class Supervisor:
 def _keyed(argv, fingerprint: str | None) -> str | None:
     """`fingerprint` where the argv carries the engine key, else None (it runs without)."""
     return fingerprint if any(KEY_PLACEHOLDER in arg for arg in argv) else None
+
+
+def _runnable_yardstick(yardstick) -> bool:
+    """A reply's `engine.yardstick` the agent can run: its run, and a command."""
+    if not isinstance(yardstick, dict) or type(yardstick.get("run")) is not int:
+        return False
+    config = yardstick.get("config")
+    return (isinstance(config, dict) and bool(config.get("runnable"))
+            and isinstance(config.get("argv"), list) and bool(config["argv"]))
 
 
 def parse_command(text: str) -> list[str]:

@@ -78,7 +78,11 @@ def test_vllm_says_its_kind_and_context_and_the_flag_gives_quantization(fleetsim
 def test_llama_server_says_all_three_and_they_win_over_the_flags(fleetsim_engine, http):
     url = fleetsim_engine("m4-max-llamacpp")
     expected = [{"id": MODEL_27B, "engine": "llama.cpp", "max_context": 32_768,
-                 "quantization": "Q4_K_M"}]
+                 "quantization": "Q4_K_M", "files": {
+                     "config": {"hidden_size": 5120, "vocab_size": 248_320,
+                                "max_position_embeddings": 262_144},
+                     "weights_bytes": int(27e9 * 4.85 / 8), "params": 27_000_000_000,
+                     "source": "llama-server's model list"}}]
     assert served(http, url) == expected
     assert served(http, url, engine_kind="vllm", max_context=131_072,
                   quantization="bf16") == expected
@@ -232,7 +236,8 @@ def test_fleetsim_up_gives_every_agent_what_its_engine_does_not_say(fleetsim_eng
     args = build_parser().parse_args(agent_run_args(machine))
     profile = get_profile(key)
     # Complete facts, and for llama-server its own `ftype` agrees with the profile's.
-    assert served(http, machine.engine_url, engine_kind=args.engine_kind,
-                  max_context=args.max_context, quantization=args.quantization) == [
+    reported = served(http, machine.engine_url, engine_kind=args.engine_kind,
+                      max_context=args.max_context, quantization=args.quantization)
+    assert [{k: v for k, v in entry.items() if k != "files"} for entry in reported] == [
         {"id": profile.model, "engine": profile.engine, "max_context": profile.context_length,
          "quantization": profile.quantization}]
