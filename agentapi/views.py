@@ -112,8 +112,10 @@ class AgentHeartbeat(AgentView):
                   "jobs": jobs, "report_power": report_power}
         engine = serializer.validated_data["engine"]
         if engine.get("supervisor") is not None:
-            # The agent runs the engine: the command to run, the restarts asked for.
+            # The agent runs the engine: the command to run, the restarts asked for, and the
+            # platform's yardstick while a verification run asks it to serve that instead.
             answer["engine"] = marketplace_selectors.node_engine_for_agent(result.node)
+            answer["engine"]["yardstick"] = verification.yardstick_for_agent(node_id=node.pk)
         # An agent that says nothing of keys (older than them) is not handed one.
         engine_key = marketplace.node_engine_key_sync(
             node=node, held=engine.get("key_held"), in_use=engine.get("key_fingerprint"),

@@ -178,8 +178,13 @@ class Node(models.Model):
     @property
     def engine_takes_work(self) -> bool:
         """The engine may be sent new requests: ready, or run by the provider (no state; then
-        whether it answers decides). Starting, loading, draining, crashed or stopped: not."""
-        return self.engine_state in ("", "ready")
+        whether it answers decides). Starting, loading, draining, crashed or stopped: not; nor
+        while it serves the platform's yardstick for a verification run."""
+        return self.engine_state in ("", "ready") and not self.engine_on_yardstick
+
+    @property
+    def engine_on_yardstick(self) -> bool:
+        return bool((self.engine_process or {}).get("yardstick"))
 
     @property
     def held_out(self) -> bool:
@@ -254,9 +259,15 @@ class Card(models.Model):
         # Only the engine could be measured (Apple Silicon without probes): its serving speed
         # is verified, its hardware is not.
         SERVING_VERIFIED = "serving_verified", "serving verified"
+        # Measured and never found short, but its serving could not be judged: an engine its
+        # provider runs by hand (no yardstick), a model whose size nothing says.
+        NOT_JUDGED = "not_judged", "serving not judged"
         FLAGGED = "flagged", "mismatch found"
 
-    ROUTABLE = (Verification.VERIFIED, Verification.SERVING_VERIFIED)
+    # Verified to serve as its hardware should: what the fleet's figures are drawn from.
+    SERVING_JUDGED = (Verification.VERIFIED, Verification.SERVING_VERIFIED)
+    # What shared /v1 traffic may reach, weighted by the capacity measured from the platform.
+    ROUTABLE = (*SERVING_JUDGED, Verification.NOT_JUDGED)
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cards")
     index = models.PositiveSmallIntegerField()

@@ -245,6 +245,12 @@ def node_engine_inputs(node: Node) -> dict | None:
     if not served:
         return None
     entry = next((e for e in served if model_data.architecture_for(e["id"])), served[0])
+    return node_engine_inputs_for(node, model=entry["id"],
+                                  quantization=entry.get("quantization") or "")
+
+
+def node_engine_inputs_for(node: Node, *, model: str, quantization: str) -> dict:
+    """The engine configuration's inputs for serving `model` at `quantization` on `node`."""
     cards = [card for card in node.cards.all() if card.present and card.memory_total_mib]
     facts = engine_config.NodeFacts(
         gpus=tuple(engine_config.Gpu(name=card.name, memory_mib=card.memory_total_mib,
@@ -255,9 +261,8 @@ def node_engine_inputs(node: Node) -> dict | None:
         # CUDA is there where NVML gave a card a compute capability, whatever the flag says.
         os=node.os, nvidia=node.has_nvidia or any(card.compute_capability for card in cards),
         nvlink=engine_config.nvlink_joined(card.nvlink_links for card in cards))
-    inputs = {"node": facts, "model": entry["id"],
-              "arch": model_data.architecture_for(entry["id"]),
-              "quantization": entry.get("quantization") or ""}
+    inputs = {"node": facts, "model": model, "arch": model_data.architecture_for(model),
+              "quantization": quantization}
     # The vLLM the agent found installed (else the version the platform assumes).
     if version := engine_config.parse_vllm_version((node.engine_versions or {}).get("vllm")):
         inputs["vllm_version"] = version
@@ -435,7 +440,7 @@ def verified_gpu_models() -> list[tuple[str, str, int]]:
 
 
 def _verified_cards() -> QuerySet[Card]:
-    return (Card.objects.filter(present=True, verification_status__in=Card.ROUTABLE,
+    return (Card.objects.filter(present=True, verification_status__in=Card.SERVING_JUDGED,
                                 verified_tokens_per_s__isnull=False)
             .exclude(verified_model=""))
 

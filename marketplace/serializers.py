@@ -54,6 +54,49 @@ class HostReportSerializer(serializers.Serializer):
 ENGINE_KINDS = ("vllm", "llama.cpp")
 
 
+# The config.json fields a model's size is read from (agent/model_files.py sends these alone).
+MODEL_CONFIG_KEYS = frozenset({
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings",
+    "max_position_embeddings", "layer_types", "full_attention_interval",
+    "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_num_key_heads", "linear_num_value_heads", "mamba_ssm_dtype",
+    "mtp_num_hidden_layers", "num_experts", "num_local_experts", "moe_intermediate_size",
+    "num_experts_per_tok", "shared_expert_intermediate_size", "dtype", "torch_dtype",
+})
+
+
+class ModelConfigField(serializers.DictField):
+    """config.json's sizing fields: known keys only, each a number, a boolean, a short string or
+    a short list of short strings (`layer_types`)."""
+
+    def to_internal_value(self, data):
+        data = super().to_internal_value(data)
+        unknown = sorted(set(data) - MODEL_CONFIG_KEYS)
+        if unknown:
+            raise serializers.ValidationError(f"Unknown config.json field '{unknown[0]}'.")
+        for key, value in data.items():
+            scalar = (isinstance(value, bool | int | float) and abs(value) < 10**15) or (
+                isinstance(value, str) and len(value) < 64 and "\x00" not in value)
+            listed = (isinstance(value, list) and len(value) <= 512
+                      and all(isinstance(v, str) and len(v) < 64 for v in value))
+            if not (scalar or listed):
+                raise serializers.ValidationError(f"'{key}' is not a config.json value.")
+        return data
+
+
+class ModelFilesSerializer(serializers.Serializer):
+    """What the agent read of the model's own files (docs/agent-protocol.md, `files`)."""
+
+    config = ModelConfigField(required=False, default=dict)
+    weights_bytes = serializers.IntegerField(min_value=1, max_value=10**15, required=False,
+                                             allow_null=True, default=None)
+    params = serializers.IntegerField(min_value=1, max_value=10**15, required=False,
+                                      allow_null=True, default=None)
+    source = serializers.CharField(max_length=256, required=False, allow_blank=True,
+                                   default="")
+
+
 class ServedModelSerializer(serializers.Serializer):
     """What the agent knows of one model its engine serves; "" or null where nothing said."""
 
@@ -64,6 +107,16 @@ class ServedModelSerializer(serializers.Serializer):
                                            required=False, default=None)
     quantization = serializers.CharField(max_length=64, allow_blank=True, required=False,
                                          default="")
+    # Absent where the agent could read none of the model's files (or is older than them).
+    files = ModelFilesSerializer(required=False)
+
+
+class YardstickReportSerializer(serializers.Serializer):
+    """The platform's yardstick the engine serves: the run that asked, the command's version."""
+
+    run = serializers.IntegerField(min_value=1)
+    version = serializers.CharField(max_length=64, allow_null=True, required=False,
+                                    default=None)
 
 
 ENGINE_STATES = ("starting", "loading", "ready", "draining", "crashed", "stopped")
@@ -99,6 +152,8 @@ class SupervisorReportSerializer(serializers.Serializer):
                                   required=False, default=None)
     restart_seen = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False,
                                             default=0)
+    # Serving the platform's yardstick for a verification run (null: the provider's engine).
+    yardstick = YardstickReportSerializer(required=False, allow_null=True, default=None)
 
 
 class EngineReportSerializer(serializers.Serializer):
@@ -215,8 +270,10 @@ class HeartbeatResponseSerializer(serializers.Serializer):
         "Only to an agent that runs the engine (`engine.supervisor` in the heartbeat): "
         "`config`, the engine configuration the platform computes for this machine (its "
         "`version`, `argv`, `runnable`, `problems`...; null unless the agent serves a model "
-        "with the platform's configuration), and `restart`, how many engine restarts the "
-        "owner has asked for."))
+        "with the platform's configuration), `restart`, how many engine restarts the "
+        "owner has asked for, and `yardstick`: while a verification run asks for it, `run` and "
+        "`config` (the command of the platform's yardstick, which the agent serves instead, "
+        "drained, until an answer carries null), else null."))
     engine_key = serializers.DictField(required=False, help_text=(
         "Only while the agent does not hold the node's newest engine key (`engine.key_held`): "
         "`key` and its `fingerprint`. The agent keeps it and restarts the engine with it."))

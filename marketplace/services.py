@@ -346,8 +346,11 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
                    else "refused: the engine's address is not a public one")
     # Reachable for the platform only at an address it may call.
     node.engine_reachable = bool(engine.get("reachable")) and bool(node.engine_connect_url)
-    node.engine_models = list(engine.get("models") or [])
-    node.engine_served = list(engine.get("served") or [])
+    if not (engine.get("supervisor") or {}).get("yardstick"):
+        # While the engine serves the platform's yardstick, the node still offers (and the
+        # catalog shows) what its provider serves.
+        node.engine_models = list(engine.get("models") or [])
+        node.engine_served = list(engine.get("served") or [])
     node.engine_error = (refusal or engine.get("error") or "")[:256]
     engine_changed = _engine_process_store(node, engine.get("supervisor"), now=now)
     node.last_heartbeat_at = now
@@ -388,8 +391,8 @@ def _engine_process_store(node: Node, report: dict | None, *, now: datetime) -> 
     if state != node.engine_state:
         node.engine_state, node.engine_state_since = state, now
     node.engine_process = dict(report) if report else {}
-    if state != "ready":
-        return False
+    if state != "ready" or (report or {}).get("yardstick"):
+        return False  # the platform's yardstick is not the provider's configuration
     digest = hashlib.sha256(json.dumps(report["argv"]).encode()).hexdigest()[:16]
     changed, node.engine_ready_digest = digest != node.engine_ready_digest, digest
     return changed

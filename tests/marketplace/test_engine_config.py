@@ -42,10 +42,15 @@ def facts(key: str) -> ec.NodeFacts:
     return ec.NodeFacts.from_report(profiles.simulated_facts(key, f"{key}-1"))
 
 
+# The arithmetic below sizes 16-bit weights on the cards that hold them, whatever weights their
+# fleetsim profiles serve (8-bit, as the published fleet did).
+SIXTEEN_BIT = {"h200", "rtx-pro-6000"}
+
+
 def config(key: str, **kwargs) -> ec.EngineConfig:
     p = profiles.get_profile(key)
     return ec.compute(facts(key), model=p.model, arch=architecture_for(p.model),
-                      quantization=p.quantization, **kwargs)
+                      quantization="bf16" if key in SIXTEEN_BIT else p.quantization, **kwargs)
 
 
 # --- the fleet's machines ------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def test_an_unknown_model_is_no_command_with_the_reason(api, node):
 
 def test_the_providers_own_command_gets_no_configuration_and_others_no_engine_part(api, node):
     reply = beat(api, node["credential"], with_engine(supervised())).json()
-    assert reply["engine"] == {"config": None, "restart": 0}
+    assert reply["engine"] == {"config": None, "restart": 0, "yardstick": None}
     assert "engine" not in beat(api, node["credential"], with_engine()).json()
 
 

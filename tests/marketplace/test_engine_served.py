@@ -95,7 +95,12 @@ def http():
 @pytest.mark.parametrize(("key", "flags", "expected"), [
     ("h200", {"quantization": "bf16"}, VLLM_27B),
     ("m4-max-llamacpp", {},
-     {"id": MODEL_27B, "engine": "llama.cpp", "max_context": 32_768, "quantization": "Q4_K_M"}),
+     {"id": MODEL_27B, "engine": "llama.cpp", "max_context": 32_768, "quantization": "Q4_K_M",
+      # llama-server says its GGUF's parameters and bytes: the model's size, from the machine
+      "files": {"config": {"hidden_size": 5120, "vocab_size": 248_320,
+                           "max_position_embeddings": 262_144},
+                "weights_bytes": int(27e9 * 4.85 / 8), "params": 27_000_000_000,
+                "source": "llama-server's model list"}}),
 ])
 def test_what_the_agent_reports_from_fleetsim_engines_is_stored(api, bob, http, key, flags,
                                                                 expected):
