@@ -1,13 +1,14 @@
 """Verification benchmark: the planted-fault fleet, verified end to end, scored.
 
 Starts the platform (uvicorn, in this process, on a throwaway PostgreSQL database), the planted
-fleet (`python -m fleetsim up --planted`: honest machines and liars, each an engine server and
-the real node agent), lets the agents enrol, heartbeat and answer their probe jobs, runs the
-platform-side load test, evaluation and publication for every node, and prints which machines
-were flagged and by which finding: recall on the liars (flagged on the finding that should catch
-each, `CAUGHT_BY`), false flags on the honest ones, and whether the machine whose GPU UUID a
-liar replays stays listed. Goal: every liar flagged on its finding, no honest machine flagged,
-the incumbent listed.
+fleet (`python -m fleetsim up --planted`: honest machines and liars, each the real node agent
+running its simulated engine as its child), lets the agents enrol, heartbeat and answer their
+probe jobs, runs the platform-side load test (the provider's engine, then the platform's
+yardstick the agent switches to and back), evaluation and publication for every node, and
+prints which machines were flagged and by which finding: recall on the liars (flagged on a
+finding that should catch each, `CAUGHT_BY`), false flags on the honest ones, and whether the
+machine whose GPU UUID a liar replays stays listed. Goal: every liar flagged on its finding, no
+honest machine flagged, the incumbent listed.
 
 Run by `make bench-verification` (PostgreSQL from DATABASE_URL). The engines run in real time
 (time scale 1): the load test measures tokens/s, and a faster clock would inflate them.
@@ -72,7 +73,7 @@ def main() -> None:
             fleet = subprocess.Popen(
                 [sys.executable, "-m", "fleetsim", "up", "--platform", platform.url,
                  "--profiles", ",".join(PLANTED_FLEET), "--tokens", ",".join(tokens),
-                 "--state-dir", state, "--base-port", "18100"],
+                 "--state-dir", state, "--base-port", "18100", "--agent-engines", "all"],
                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                 start_new_session=True)
             started = time.monotonic()
@@ -114,29 +115,34 @@ def main() -> None:
 def report(started: float, probed: float, finished: float) -> None:
     ids = machine_ids(PLANTED_FLEET)
     listed = {card.node_id for card in selectors.cards_for_catalog({})}
-    rows, caught, honest_flagged = [], 0, 0
+    rows, caught, honest_flagged, unverified_honest = [], 0, 0, 0
     for machine, key in zip(ids, PLANTED_FLEET, strict=True):
         node = Node.objects.get(name=machine)
         cards = list(Card.objects.filter(node=node))
         statuses = {c.verification_status for c in cards}
         verdict = ("FLAGGED" if "flagged" in statuses else
                    "serving verified" if statuses == {"serving_verified"} else
+                   "not judged" if statuses == {"not_judged"} else
                    "verified" if statuses == {"verified"} else ",".join(sorted(statuses)))
         run = VerificationRun.objects.filter(node=node, status="done").first()
         findings = list(Finding.objects.filter(run=run)) if run else []
         mismatches = sorted({f.metric for f in findings if f.severity == "mismatch"})
         warnings_ = sorted({f.metric for f in findings if f.severity == "warning"})
         serving = next((f for f in findings if f.metric == "serving"), None)
-        basis = serving.basis if serving else "-"
+        yardstick = next((f for f in findings if f.metric == "yardstick"), None)
+        basis = (f"{serving.basis if serving else '-'} / "
+                 f"{yardstick.basis or yardstick.severity if yardstick else '-'}")
         liar = key in LIARS
         if liar:
-            right = CAUGHT_BY[key] in mismatches
-            caught += right
-            outcome = f"caught by {CAUGHT_BY[key]}" if right else (
-                f"MISSED (wanted {CAUGHT_BY[key]})")
+            by = [metric for metric in CAUGHT_BY[key] if metric in mismatches]
+            caught += bool(by)
+            outcome = (f"caught by {','.join(by)}" if by else
+                       f"MISSED (wanted {' or '.join(CAUGHT_BY[key])})")
         else:
             honest_flagged += "flagged" in statuses
-            outcome = "FALSE FLAG" if "flagged" in statuses else "ok"
+            outcome = ("FALSE FLAG" if "flagged" in statuses else "ok" if statuses <= {
+                "verified", "serving_verified"} else "NOT VERIFIED")
+            unverified_honest += outcome == "NOT VERIFIED"
         tps = cards[0].verified_tokens_per_s if cards else None
         rows.append((machine, LIARS.get(key, "honest"), verdict, outcome,
                      ",".join(mismatches) or "-", ",".join(warnings_) or "-", basis,
@@ -153,16 +159,17 @@ def report(started: float, probed: float, finished: float) -> None:
                                                                  flat=True)) == {"verified"})
     print(f"\nrecall on liars (flagged on the right finding): {caught}/{liars}   "
           f"false flags on honest machines: {honest_flagged}/{honest}   "
+          f"honest machines not verified: {unverified_honest}/{honest}   "
           f"incumbent {incumbent} listed and verified: {'yes' if incumbent_listed else 'NO'}")
     print(f"time: {probed - started:.0f} s to enrol and probe {len(PLANTED_FLEET)} machines, "
           f"{finished - probed:.0f} s of load tests, evaluation and publication")
-    met = caught == liars and honest_flagged == 0 and incumbent_listed
-    print("goal: every liar flagged on its finding, no honest machine flagged, the incumbent "
-          "listed:", "MET" if met else "NOT MET")
+    met = caught == liars and honest_flagged == 0 and unverified_honest == 0 and incumbent_listed
+    print("goal: every liar flagged on its finding, every honest machine verified, the "
+          "incumbent listed:", "MET" if met else "NOT MET")
 
 
 HEADER = ("machine", "planted", "verdict", "outcome", "mismatches", "warnings",
-          "serving basis", "listed", "tok/s@32 per card")
+          "basis: serving / yardstick", "listed", "tok/s@32 per card")
 
 if __name__ == "__main__":
     main()

@@ -295,6 +295,10 @@ RIGSHARE_ENGINE_NETWORKS = tuple(env_list(
 RIGSHARE_PROBE_WAIT = timedelta(seconds=env_int("RIGSHARE_PROBE_WAIT_S", 600, minimum=1))
 RIGSHARE_LOAD_TEST_LEVELS = tuple(int(x) for x in env_list("RIGSHARE_LOAD_TEST_LEVELS",
                                                            ["1", "8", "32"]))
+# How long a run waits for a machine's engine to serve the platform's yardstick (drain, load
+# the weights, a first download included) before it judges the machine without it.
+RIGSHARE_YARDSTICK_READY = timedelta(seconds=env_int("RIGSHARE_YARDSTICK_READY_S", 900,
+                                                     minimum=1))
 
 LOGGING = {
     "version": 1,

@@ -43,11 +43,12 @@ $PY manage.py run_schedule >"$STATE/log/schedule.log" 2>&1 &
 pids+=($!)
 names+=("periodic tasks (see $STATE/log/schedule.log)")
 # The engines take free ports, never the site's. "--tokens=": a list of "-" (machines
-# enrolled before) must not read as an option. The Mac's agent runs its engine itself, as its
-# child, the way `python -m agent run --engine-command ...` does on a provider's machine.
+# enrolled before) must not read as an option. Each agent runs its engine itself, as its child,
+# the way `python -m agent run --engine-command ...` does on a provider's machine, so that
+# verification can switch it to the platform's yardstick and back.
 started=$(date +%s)
 $PY -m fleetsim up --platform "$URL" --profiles "$FLEET" --tokens="$(cat "$STATE/tokens")" \
-  --state-dir "$STATE/fleet" --agent-engines m4-max-llamacpp >"$STATE/log/fleet.log" 2>&1 &
+  --state-dir "$STATE/fleet" --agent-engines all >"$STATE/log/fleet.log" 2>&1 &
 pids+=($!)
 names+=("simulated fleet (see $STATE/log/fleet.log)")
 out=$($PY manage.py demo_setup --machines "$FLEET" --state-dir "$STATE/fleet" --list \

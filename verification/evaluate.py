@@ -1,46 +1,26 @@
 """Measurements + reference spec + claims + fleet evidence -> findings. Pure: no ORM, plain values
 in and out.
 
-Every threshold lives in THRESHOLDS below. Every finding carries what was claimed, what was
+Every threshold lives in findings.THRESHOLDS. Every finding carries what was claimed, what was
 expected, what was measured, and a sentence a renter understands. A check is `ok` only when
 both sides of its comparison exist; with a side missing it is `not_measured`, with the reason.
-
-Serving is judged against the best evidence there is, and the finding names it (`basis`):
-1. peers: the median of the fleet's verified machines with the same GPU, the same GPU count and
-   the same engine model, measured by Rigshare at the same concurrency (`PEERS`);
-2. the published reference for this hardware and model (spec_data.SERVING_REFERENCE);
-3. a first-principles floor from the card's own measured bandwidth, VRAM and compute and the
-   model's architecture (predict.py).
-Peers come first because they are measured the same way, on the same model; but peers who are
-themselves far below the reference or the floor are a slow majority, not a yardstick, and are
-set aside. One or two peers cannot raise the expectation above the reference or the
-prediction (one fast peer is no proof that the rest are slow).
+Serving (the platform's yardstick and the provider's own model) is judged in serving.py.
 """
 
-import statistics
 from dataclasses import dataclass, field
 
-OK, WARNING, MISMATCH, NOT_MEASURED = "ok", "warning", "mismatch", "not_measured"
+from verification import serving as judge
+from verification.findings import (  # noqa: F401 (the names callers import from here)
+    MISMATCH,
+    NOT_MEASURED,
+    OK,
+    THRESHOLDS,
+    WARNING,
+    Finding,
+    ratio_severity,
+)
+from verification.serving import Floor, Yardstick  # noqa: F401
 
-THRESHOLDS = {
-    # measured / spec below these: mismatch, warning. Bandwidth: STREAM kernels reach 81-96% of
-    # spec (FACTS.md), so 75% and 85%.
-    "bandwidth": (0.75, 0.85),
-    # Dense GEMMs reach ~70-80% of a datasheet's peak (a real H200 is expected at >= 600 of its
-    # 989 TFLOPS), so 75/85% would flag honest datacenter cards: 60% and 70%.
-    "compute": (0.60, 0.70),
-    # measured tokens/s / the expectation of the best basis (peers, reference, prediction floor)
-    "serving": (0.70, 0.85),
-    # usable VRAM / claimed or reported VRAM below this: mismatch (drivers keep ~2-5%)
-    "vram": 0.85,
-    # host<->device copy / what the reported link carries below this: mismatch
-    "host_device": 0.5,
-    # power limit / the spec's default limit below these: mismatch (a card capped to 3/4 of its
-    # power cannot deliver what it is sold as), warning
-    "power": (0.75, 0.9),
-}
-# Peers: any verified peer is evidence; from this many on, their median stands on its own.
-PEERS = {"min": 1, "robust": 3}
 # Effective host<->device GB/s per PCIe lane by generation (~80% of the raw rate).
 PCIE_GBS_PER_LANE = {1: 0.2, 2: 0.4, 3: 0.8, 4: 1.6, 5: 3.2, 6: 6.4}
 # The checks that measure the hardware itself: a card is "verified" only when one of them was
@@ -65,15 +45,6 @@ class Spec:
     def unified_memory(self) -> bool:
         """Apple Silicon: one memory for CPU and GPU, no CUDA, no NVML, no PCIe card."""
         return self.name.startswith("Apple ")
-
-
-@dataclass(frozen=True)
-class Floor:
-    """A first-principles prediction at one concurrency: `floor` is what any sound engine set-up
-    reaches, `expected` what the published fleet's set-up would (predict.Prediction)."""
-
-    expected: float
-    floor: float
 
 
 @dataclass(frozen=True)
@@ -103,18 +74,15 @@ class Evidence:
     prediction_note: str = ""
     prefix_cache_speedup: float | None = None
     context_accepted: bool | None = None
+    # The agent runs the engine, so the platform can switch it to the yardstick and back.
+    supervised: bool = False
+    yardstick: Yardstick = field(default_factory=Yardstick)
 
-
-@dataclass(frozen=True)
-class Finding:
-    metric: str
-    severity: str
-    claimed: str
-    expected: str
-    measured: str  # "" when nothing was measured
-    message: str
-    basis: str = ""  # what `expected` stands on: spec, peers, reference, prediction, ...
-    details: dict = field(default_factory=dict, compare=False)
+    def model(self) -> judge.Model:
+        return judge.Model(measured=self.served_tps, note=self.serving_note, peers=self.peer_tps,
+                           peer_label=self.peer_label, reference=self.reference_tps,
+                           reference_label=self.reference_label, predicted=self.predicted,
+                           prediction_note=self.prediction_note, supervised=self.supervised)
 
 
 def spec_for(name: str, specs: list[Spec]) -> Spec | None:
@@ -122,11 +90,6 @@ def spec_for(name: str, specs: list[Spec]) -> Spec | None:
         if name in spec.nvml_names or name == spec.name:
             return spec
     return None
-
-
-def _ratio_severity(ratio: float, kind: str) -> str:
-    mismatch, warning = THRESHOLDS[kind]
-    return MISMATCH if ratio < mismatch else WARNING if ratio < warning else OK
 
 
 def _gb(mib: float) -> str:
@@ -139,7 +102,9 @@ def evaluate(ev: Evidence, spec: Spec | None, specs: list[Spec]) -> list[Finding
     found = [_identity(ev, spec, specs, facts)]
     found += [_vram(ev, spec, probe), _bandwidth(ev, spec, probe, facts), _compute(ev, spec, probe)]
     found += [_pcie(spec, probe, facts), _power(spec, facts), _virtualisation(ev, facts)]
-    found += [_uuid(ev), _serving(ev), _prefix_cache(ev), _context(ev)]
+    yardstick = judge.judge_yardstick(ev.yardstick)
+    found += [_uuid(ev), yardstick, judge.judge_serving(ev.model(), ev.yardstick, yardstick)]
+    found += [_prefix_cache(ev), _context(ev)]
     return [f for f in found if f is not None]
 
 
@@ -255,7 +220,7 @@ def _bandwidth(ev: Evidence, spec: Spec | None, probe: dict, facts: dict) -> Fin
                        "nothing to compare it with: no reference spec, and the agent reported "
                        "no memory clock or bus width.")
     ratio = measured / expected
-    severity = _ratio_severity(ratio, "bandwidth")
+    severity = ratio_severity(ratio, "bandwidth")
     text = {OK: f"Memory bandwidth {measured:,.0f} GB/s, {ratio:.0%} of {basis}: as expected.",
             WARNING: f"Memory bandwidth {measured:,.0f} GB/s is only {ratio:.0%} of {basis}.",
             MISMATCH: f"Memory bandwidth {measured:,.0f} GB/s is far below {basis} "
@@ -278,7 +243,7 @@ def _compute(ev: Evidence, spec: Spec | None, probe: dict) -> Finding:
                        f"BF16 matmul runs at {measured:,.0f} TFLOPS; no dense BF16 figure is "
                        f"published for {whose} to compare it with.")
     ratio = measured / expected
-    severity = _ratio_severity(ratio, "compute")
+    severity = ratio_severity(ratio, "compute")
     text = {OK: f"BF16 compute {measured:,.0f} TFLOPS, {ratio:.0%} of spec: as expected.",
             WARNING: f"BF16 compute {measured:,.0f} TFLOPS is only {ratio:.0%} of spec.",
             MISMATCH: f"BF16 compute {measured:,.0f} TFLOPS is far below spec "
@@ -325,7 +290,7 @@ def _power(spec: Spec | None, facts: dict) -> Finding | None:
         return Finding("power", NOT_MEASURED, "", f"{spec.power_w} W", "",
                        "The power limit was not reported, so it could not be compared with the "
                        f"{spec.name}'s default {spec.power_w} W.", basis="spec")
-    severity = _ratio_severity(limit / spec.power_w, "power")
+    severity = ratio_severity(limit / spec.power_w, "power")
     own = (f" The machine calls {said} W its default; the {spec.name}'s is {spec.power_w} W."
            if said and abs(said - spec.power_w) > 0.1 * spec.power_w else "")
     if severity != OK:
@@ -364,107 +329,6 @@ def _uuid(ev: Evidence) -> Finding | None:
                    "conflict is gone.")
 
 
-# --- serving --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Expectation:
-    value: float
-    basis: str  # "peers", "reference" or "prediction"
-    text: str  # "1,248 tok/s by 3 RTX PRO 6000 peers on this model"
-    notes: tuple[str, ...] = ()
-
-
-def expectation(ev: Evidence, level: int) -> tuple[Expectation | None, tuple[str, ...]]:
-    """The expectation at one concurrency from the best basis, and what was set aside."""
-    table = ev.reference_tps.get(level)
-    predicted = ev.predicted.get(level)
-    notes: list[str] = []
-    peers = ev.peer_tps.get(level) or ()
-    if len(peers) >= PEERS["min"]:
-        median = statistics.median(peers)
-        n = len(peers)
-        anchor, anchor_text = ((table, "the published figure") if table else
-                               (predicted.floor, "the first-principles floor") if predicted
-                               else (None, ""))
-        if anchor and median < THRESHOLDS["serving"][0] * anchor:
-            notes.append(f"its {n} peer{'s' if n > 1 else ''} serve{'' if n > 1 else 's'} "
-                         f"{median:,.0f} tok/s themselves, far below {anchor_text} "
-                         f"({anchor:,.0f}): not used as a yardstick")
-        else:
-            value = median
-            if n < PEERS["robust"] and (table or predicted):
-                value = min(median, max(table or 0, predicted.expected if predicted else 0))
-            peers = f"peer{'s' if n > 1 else ''}"
-            if ev.peer_label[:1].isdigit():  # "2x RTX 4090": a machine of several cards
-                who = f"{n} {peers} with {ev.peer_label}"
-            else:
-                who = f"{n} {ev.peer_label} {peers}" if ev.peer_label else f"{n} {peers}"
-            return Expectation(value, "peers", f"{median:,.0f} tok/s by {who} on this model",
-                               tuple(notes)), ()
-    if table:
-        label = f" for {ev.reference_label}" if ev.reference_label else ""
-        return Expectation(table, "reference", f"{table:,.0f} tok/s published{label} on this "
-                           "model", tuple(notes)), ()
-    if predicted:
-        note = f" {ev.prediction_note}" if ev.prediction_note else ""
-        return Expectation(predicted.floor, "prediction", f"at least {predicted.floor:,.0f} "
-                           f"tok/s predicted{note}", tuple(notes)), ()
-    return None, tuple(notes)
-
-
-def _serving(ev: Evidence) -> Finding:
-    if not ev.served_tps:
-        return Finding("serving", NOT_MEASURED, "", "", "", "Serving was not measured: "
-                       f"{ev.serving_note or 'the engine was not load-tested'}.")
-    top = max(ev.served_tps)
-    levels = sorted({min(ev.served_tps), top})
-    judged = []  # (ratio, level, served, expectation)
-    set_aside: list[str] = []
-    for level in levels:
-        exp, notes = expectation(ev, level)
-        set_aside += [n for n in notes + (exp.notes if exp else ()) if n not in set_aside]
-        if exp is not None and exp.value > 0:
-            judged.append((ev.served_tps[level] / exp.value, level, ev.served_tps[level], exp))
-    details = {"levels": {str(level): _level_details(ev, level) for level in sorted(ev.served_tps)},
-               "peers": max((len(v) for v in ev.peer_tps.values()), default=0)}
-    extra = f" ({'; '.join(set_aside)})" if set_aside else ""
-    if not judged:
-        served = ev.served_tps[top]
-        return Finding("serving", NOT_MEASURED, "", "no basis", f"{served:,.0f} tok/s @{top}",
-                       f"Serves {served:,.0f} tokens/s at {top} concurrent requests; Rigshare "
-                       "has no basis to judge it: no verified peer serves this model on the "
-                       "same hardware, there is no published figure for it, and the model's "
-                       f"size is not known{extra}.", basis="none", details=details)
-    # The worst level decides; among equals, the highest concurrency (the capacity) is shown.
-    rank = {MISMATCH: 0, WARNING: 1, OK: 2}
-    ratio, level, served, exp = min(judged, key=lambda j: (
-        rank[_ratio_severity(j[0], "serving")], -j[1]))
-    details["basis"] = exp.basis
-    severity = _ratio_severity(ratio, "serving")
-    text = {OK: f"Serves {served:,.0f} tokens/s at {level} concurrent requests, {ratio:.0%} of "
-                f"its expectation: {exp.text}{extra}.",
-            WARNING: f"Serves {served:,.0f} tokens/s at {level} concurrent requests, only "
-                     f"{ratio:.0%} of its expectation: {exp.text}{extra}.",
-            MISMATCH: f"Serves far below its expectation: {served:,.0f} tokens/s at {level} "
-                      f"concurrent requests, {ratio:.0%} of {exp.text}{extra}."}[severity]
-    return Finding("serving", severity, "", f"{exp.value:,.0f} tok/s @{level} ({exp.basis})",
-                   f"{served:,.0f} tok/s @{level}", text[:500], basis=exp.basis, details=details)
-
-
-def _level_details(ev: Evidence, level: int) -> dict:
-    """Every basis at one concurrency, for the rent page's plot."""
-    row = {"measured": ev.served_tps[level]}
-    if level in ev.reference_tps:
-        row["reference"] = ev.reference_tps[level]
-    if ev.peer_tps.get(level):
-        row["peers"] = statistics.median(ev.peer_tps[level])
-        row["peer_count"] = len(ev.peer_tps[level])
-    if level in ev.predicted:
-        row["predicted"] = round(ev.predicted[level].expected, 1)
-        row["floor"] = round(ev.predicted[level].floor, 1)
-    return row
-
-
 def _prefix_cache(ev: Evidence) -> Finding | None:
     if ev.prefix_cache_speedup is None:
         return None
@@ -487,12 +351,17 @@ def _context(ev: Evidence) -> Finding | None:
 
 
 def verdict(findings) -> str:
-    """flagged: any mismatch. verified: at least one hardware check was made. serving_verified:
-    only the engine was measured (Apple Silicon without probes, say). unverified: nothing was."""
+    """flagged: any mismatch. verified: its serving was judged against what its hardware should
+    serve (its own yardstick passed) and a hardware check was made. serving_verified: the same
+    with no hardware check (Apple Silicon has no probes). not_judged: measured, never flagged,
+    but its serving could not be judged (an engine run by hand, a model of unknown size, no
+    engine to measure). unverified: nothing was measured."""
     if any(f.severity == MISMATCH for f in findings):
         return "flagged"
-    if any(f.metric in HARDWARE_CHECKS and f.severity in (OK, WARNING) for f in findings):
-        return "verified"
-    if any(f.metric == "serving" and f.measured for f in findings):
-        return "serving_verified"
+    hardware = any(f.metric in HARDWARE_CHECKS and f.severity in (OK, WARNING) for f in findings)
+    serving = next((f for f in findings if f.metric == "serving"), None)
+    if serving is not None and serving.severity in (OK, WARNING):
+        return "verified" if hardware else "serving_verified"
+    if hardware or (serving is not None and serving.measured):
+        return "not_judged"
     return "unverified"

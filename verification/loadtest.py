@@ -3,13 +3,15 @@
 This is the figure routing trusts: a card can win every hardware probe and still serve slowly
 (WSL2 served 48% slower than native in a published fleet report). Measured per concurrency:
 the engine's output tokens/s while every stream decodes (see `throughput`), and time to first
-token p50/p99. Then a long prompt sent
+token p50/p99; and, where the engine counts its speculative drafts (vLLM's spec_decode_*
+metrics), how many tokens it got per pass over its weights. Then a long prompt sent
 twice (does prefix caching work?) and a request at the advertised context length (is it
 accepted? read from the response status, which vLLM sends before the prefill ends).
 """
 
 import asyncio
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -45,6 +47,9 @@ class LoadTestResult:
     prefix_warm_ms: float | None = None
     context_length: int | None = None
     context_accepted: bool | None = None
+    # Output tokens per pass over the weights while the levels ran, where the engine decodes
+    # speculatively and says so (None: it does not, or does not say).
+    tokens_per_pass: float | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -55,6 +60,34 @@ class LoadTestResult:
 
     def tps(self) -> dict[int, float]:
         return {lv.concurrency: lv.tokens_per_s for lv in self.levels if lv.completed}
+
+
+# vLLM's counters of speculative decoding (v1): drafts proposed, tokens of them accepted.
+_SPEC = re.compile(r"^vllm:spec_decode_num_(drafts|accepted_tokens)(?:_total)?(?:\{[^}]*\})?"
+                   r"\s+([0-9.eE+-]+)\s*$", re.M)
+
+
+async def _spec_counters(client, base: str) -> dict[str, float]:
+    try:
+        response = await client.get(f"{base}/metrics")
+    except httpx.HTTPError:
+        return {}
+    if response.status_code != 200:
+        return {}
+    found: dict[str, float] = {}
+    for name, value in _SPEC.findall(response.text):
+        found[name] = found.get(name, 0.0) + float(value)
+    return found
+
+
+def tokens_per_pass(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """1 + accepted tokens per draft while the levels ran: each draft is one pass over the
+    weights, and its accepted tokens come beside the one a pass always gives."""
+    drafts = after.get("drafts", 0) - before.get("drafts", 0)
+    accepted = after.get("accepted_tokens", 0) - before.get("accepted_tokens", 0)
+    if drafts <= 0 or accepted < 0:
+        return None
+    return round(1 + accepted / drafts, 3)
 
 
 def _words(n: int, seed: str) -> str:
@@ -132,8 +165,10 @@ async def _context_accepted(client, base, model, context_length: int) -> bool:
 async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVELS,
                         max_concurrency: int | None = None, timeout_s: float = 300,
                         progress: Callable[[str, int], None] | None = None,
-                        engine_key: str = "") -> LoadTestResult:
-    """`engine_key`: the node's engine key, sent as the proxy sends it ("": none yet)."""
+                        engine_key: str = "", caches: bool = True) -> LoadTestResult:
+    """`engine_key`: the node's engine key, sent as the proxy sends it ("": none yet).
+    `caches`: also test the prefix cache and the advertised context (the provider's engine;
+    the platform's yardstick is measured for its speed alone)."""
     base = base_url.rstrip("/")
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     headers = {"authorization": f"Bearer {engine_key}"} if engine_key else None
@@ -144,11 +179,15 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
         entry = next((m for m in listed if m.get("id") == model), listed[0])
         result = LoadTestResult(model=entry["id"], context_length=entry.get("max_model_len"))
         levels = sorted(set(levels) | ({max_concurrency} if max_concurrency else set()))
-        steps = len(levels) + 2
+        steps = len(levels) + (2 if caches else 0)
+        before = await _spec_counters(client, base)
         for i, concurrency in enumerate(levels):
             if progress:
                 progress(f"{concurrency} concurrent requests", int(100 * i / steps))
             result.levels.append(await _level(client, base, result.model, concurrency))
+        result.tokens_per_pass = tokens_per_pass(before, await _spec_counters(client, base))
+        if not caches:
+            return result
         if progress:
             progress("prefix cache", int(100 * len(levels) / steps))
         prefix = _words(PREFIX_WORDS, "prefix")

@@ -51,6 +51,12 @@ class VerificationRun(models.Model):
 
     ACTIVE = (Status.QUEUED, Status.PROBING, Status.LOAD_TESTING, Status.EVALUATING)
 
+    class YardstickState(models.TextChoices):
+        ASKED = "asked", "asked of the machine"  # the heartbeat reply carries its command
+        DONE = "done", "measured"
+        SKIPPED = "skipped"
+        FAILED = "failed"
+
     class Trigger(models.TextChoices):
         ENROLMENT = "enrolment"
         HARDWARE_CHANGE = "hardware_change", "hardware or driver change"
@@ -70,6 +76,17 @@ class VerificationRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     error = models.CharField(max_length=500, blank=True)
     model = models.CharField(max_length=200, blank=True)  # the engine model load-tested
+    # The provider's model as the engine described it when it was load-tested: its `served`
+    # entry (engine, quantization, the files the agent read) and the command's layout, so that
+    # a later judgment reads what was measured, not what the engine serves by then.
+    served = models.JSONField(default=dict, blank=True)
+    # The platform's yardstick (verification/yardstick.py): the workload (its key), where the
+    # run is with it (asked: the heartbeat reply carries `config` for the agent to serve;
+    # done; skipped or failed, with the reason in yardstick_note), the command handed over.
+    yardstick = models.CharField(max_length=200, blank=True)
+    yardstick_state = models.CharField(max_length=16, blank=True, choices=YardstickState.choices)
+    yardstick_config = models.JSONField(default=dict, blank=True)
+    yardstick_note = models.CharField(max_length=300, blank=True)
     # Times a step was taken up again after the worker doing it died (services.STEP_STALE).
     resumed = models.PositiveSmallIntegerField(default=0)
 

@@ -8,7 +8,13 @@ _ORDER = ("mismatch", "warning", "ok", "not_measured")
 # What the plot's circles stand for, by the serving finding's basis.
 _EXPECTED = {"peers": ("peers", "the median of its fleet peers"),
              "reference": ("reference", "the published figure for this hardware"),
-             "prediction": ("floor", "the first-principles floor for its hardware")}
+             "calibrated": ("calibrated", "the prediction for its hardware, calibrated on its "
+                                          "yardstick"),
+             "prediction": ("predicted", "the first-principles prediction for its hardware"),
+             "floor": ("floor", "the first-principles floor for its hardware")}
+# The bases a judgment can stand on, in the order they are tried, as the rent page names them.
+BASES = (("peers", "Fleet peers"), ("reference", "Published"), ("calibrated", "Calibrated"),
+         ("predicted", "Predicted"), ("floor", "Floor"))
 
 
 def card_panel(card, user) -> dict:
@@ -43,6 +49,8 @@ def card_panel(card, user) -> dict:
     levels = (serving.details or {}).get("levels", {}) if serving else {}
     expected = {int(level): row[key] for level, row in levels.items() if key and key in row}
     panel["serving_chart"] = charts.tokens_vs_concurrency(served, expected, label)
+    panel["bases"] = [judged_against(f) for f in findings if f.metric in ("serving", "yardstick")
+                      and (f.details or {}).get("levels")]
     # Serving is measured on the machine's engine, which may span all its cards; a card's
     # verified capacity is its share of that.
     panel["machine_cards"] = getattr(card, "cards_per_node", None) or 1
@@ -51,3 +59,17 @@ def card_panel(card, user) -> dict:
                            if k.startswith("ttft_p50@"))
     panel["verdict"] = ev.verdict(findings)
     return panel
+
+
+def judged_against(finding) -> dict:
+    """Every basis of a serving or yardstick finding at each concurrency, the one it was
+    judged against marked: the rent page's table."""
+    levels = finding.details.get("levels") or {}
+    shown = [(key, name) for key, name in BASES
+             if any(key in row for row in levels.values())]
+    basis_key = _EXPECTED.get(finding.basis, ("", ""))[0]
+    rows = [{"level": int(level), "measured": row.get("measured"),
+             "cells": [(row.get(key), key == basis_key) for key, _ in shown]}
+            for level, row in sorted(levels.items(), key=lambda item: int(item[0]))]
+    return {"metric": finding.metric, "severity": finding.severity, "basis": finding.basis,
+            "columns": [name for _, name in shown], "rows": rows}

@@ -15,6 +15,8 @@ up, at most MAX_RESUMES times.
 
 import asyncio
 import concurrent.futures
+import hashlib
+import json
 import statistics
 import time
 from collections import Counter
@@ -23,16 +25,16 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Q
+from django.db.models import F
 from django.utils import timezone
 
 from agent.probes import DEFAULT_PARAMS as PROBE_PARAMS
-from marketplace import engine_config, engine_keys, modelmath
+from marketplace import engine_keys
 from marketplace import services as marketplace
-from marketplace.model_data import architecture_for
-from marketplace.models import Card, Node, UuidConflict
+from marketplace.models import Card, Node, Rental, UuidConflict
 from verification import evaluate as ev
-from verification import loadtest, predict
+from verification import evidence, loadtest
+from verification import yardstick as ys
 from verification.models import (
     Finding,
     GpuSpec,
@@ -41,7 +43,6 @@ from verification.models import (
     VerificationRun,
     VerifiedCapacity,
 )
-from verification.spec_data import SERVING_REFERENCE
 
 Status = VerificationRun.Status
 PROVIDER_COOLDOWN = timedelta(hours=1)
@@ -210,35 +211,18 @@ def run_load_test(*, run_id: int) -> bool:
     # request, the loaded one while the verified concurrency runs (heartbeat_power).
     power = PowerWatch(run)
     power.wait_idle(run)
-
-    # The load test runs on its own event loop in a worker thread; this thread keeps the ORM
-    # (which must not run inside an event loop) and writes the progress as it comes.
-    latest: dict = {}
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        future = pool.submit(asyncio.run, loadtest.run_load_test(
+    served = _served_now(node)  # the provider's engine as it runs now, before any switch
+    key = engine_keys.unseal(node.engine_key_sealed)
+    try:
+        result = _load_test(run, lambda progress: loadtest.run_load_test(
             node.engine_connect_url, levels=settings.RIGSHARE_LOAD_TEST_LEVELS,
-            max_concurrency=_advertised_concurrency(node),
-            engine_key=engine_keys.unseal(node.engine_key_sealed),
-            progress=lambda detail, pct: latest.update(detail=detail, pct=pct)))
-        shown, stamped = None, time.monotonic()
-        while True:
-            try:
-                result = future.result(timeout=POWER_POLL_S if power.watching else 1)
-                break
-            except concurrent.futures.TimeoutError:
-                if power.watching:
-                    power.read()
-                if latest and latest != shown:
-                    shown = dict(latest)
-                    _progress(run, f"load test: {shown['detail']}", 35 + shown["pct"] * 45 // 100)
-                    stamped = time.monotonic()
-                elif time.monotonic() - stamped >= TOUCH_EVERY_S:  # alive, between steps
-                    VerificationRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
-                    stamped = time.monotonic()
-            except Exception as exc:  # an engine that breaks under load: a finding, no crash
-                VerificationRun.objects.filter(pk=run.pk).update(
-                    error=f"load test: {exc}"[:500], updated_at=timezone.now())
-                return True
+            max_concurrency=_advertised_concurrency(node), engine_key=key, progress=progress),
+            power=power, between=(35, 60))
+    except Exception as exc:  # an engine that breaks under load: a finding, no crash
+        VerificationRun.objects.filter(pk=run.pk).update(
+            error=f"load test: {exc}"[:500], updated_at=timezone.now(),
+            served=served.get("__node__", {}))
+        return True
     for level in result.levels:
         details = asdict(level)
         _measure(run, None, f"tps@{level.concurrency}", level.tokens_per_s, "tok/s", details)
@@ -250,13 +234,174 @@ def run_load_test(*, run_id: int) -> bool:
     if result.context_accepted is not None:
         _measure(run, None, "context_accepted", float(result.context_accepted), "bool",
                  {"context_length": result.context_length})
+    if result.tokens_per_pass is not None:
+        _measure(run, None, "spec_tokens_per_pass", result.tokens_per_pass, "tokens", {})
     if power.watching:
         power.read()
         power.record(run, result.levels)
     VerificationRun.objects.filter(pk=run.pk).update(
-        model=result.model, error="; ".join(result.errors)[:500])
+        model=result.model, error="; ".join(result.errors)[:500],
+        served=served.get(result.model) or served.get("__node__", {}))
+    run.refresh_from_db()
+    _yardstick(run)
     _progress(run, "load test done", 80)
     return True
+
+
+def _served_now(node: Node) -> dict:
+    """Each model's `served` entry as the engine describes it now, with what the load test's
+    judgment needs beside it: whether the agent runs the engine, and its command's words
+    (its layout). Under "__node__", the same for a run that measured no model."""
+    process = node.engine_process or {}
+    common = {"supervised": bool(node.engine_state), "mode": process.get("mode") or "",
+              "argv": list(process.get("argv") or [])[:64]}
+    return {"__node__": common} | {entry.get("id"): {**entry, **common}
+                                   for entry in node.engine_served or []}
+
+
+class _Progress:
+    """The load test's progress, handed from its event loop to the thread that writes it."""
+
+    def __init__(self):
+        self.latest: dict = {}
+
+    def __call__(self, detail: str, pct: int) -> None:
+        self.latest = {"detail": detail, "pct": pct}
+
+
+def _load_test(run: VerificationRun, start, *, power: "PowerWatch | None",
+               between: tuple[int, int]) -> loadtest.LoadTestResult:
+    """Run a load test (`start(progress)`: a coroutine of loadtest.run_load_test) on its own
+    event loop in a worker thread; this thread keeps the ORM (which must not run inside an
+    event loop), writes the progress as it comes, between these percentages, and reads the
+    power draw while it runs. Raises what the test raised."""
+    progress = _Progress()
+    lo, hi = between
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(asyncio.run, start(progress))
+        shown, stamped = None, time.monotonic()
+        watching = power is not None and power.watching
+        while True:
+            try:
+                return future.result(timeout=POWER_POLL_S if watching else 1)
+            except concurrent.futures.TimeoutError:
+                if watching:
+                    power.read()
+                latest = progress.latest
+                if latest and latest != shown:
+                    shown = dict(latest)
+                    _progress(run, f"{'yardstick' if lo >= 60 else 'load test'}: "
+                                   f"{shown['detail']}", lo + shown["pct"] * (hi - lo) // 100)
+                    stamped = time.monotonic()
+                elif time.monotonic() - stamped >= TOUCH_EVERY_S:  # alive, between steps
+                    VerificationRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
+                    stamped = time.monotonic()
+
+
+# --- the yardstick ------------------------------------------------------------------------------
+
+YARDSTICK_POLL_S = 0.5
+Yardstick = VerificationRun.YardstickState
+
+
+def yardstick_for_agent(*, node_id: int) -> dict | None:
+    """The heartbeat reply's `engine.yardstick`: {"run", "config"} while a run asks this node's
+    agent to serve the platform's yardstick; None otherwise (the agent serves its own)."""
+    row = (VerificationRun.objects.filter(node_id=node_id, status=Status.LOAD_TESTING,
+                                          yardstick_state=Yardstick.ASKED)
+           .values_list("pk", "yardstick_config").first())
+    return {"run": row[0], "config": row[1]} if row else None
+
+
+def _yardstick_plan(node: Node) -> tuple[ys.Workload | None, dict | None, str]:
+    """(workload, the command for the agent, "") where the node can serve the yardstick now,
+    else why not."""
+    cards = list(node.cards.filter(present=True))
+    work = evidence.workload(node, cards)
+    if not node.engine_state:
+        return work, None, ("its provider runs the engine by hand, so Rigshare cannot switch it "
+                            "to the yardstick")
+    if work is None:
+        return None, None, "no yardstick fits its cards"
+    if Rental.objects.filter(card__node=node, stopped_at__isnull=True).exists():
+        return work, None, ("a card of it is rented: its renter's engine is not interrupted, "
+                            "and its last yardstick stands")
+    config = evidence.yardstick_config(node, work)
+    if not config.runnable:
+        return work, None, f"the yardstick does not fit: {' '.join(config.problems)}"
+    command = config.to_json()
+    if work.engine == "llama.cpp":
+        command["argv"] = ys.llamacpp_argv(command["argv"])
+    command["version"] = hashlib.sha256(json.dumps(
+        [work.key, command["argv"]]).encode()).hexdigest()[:16]
+    command["yardstick"] = work.key
+    return work, command, ""
+
+
+def _yardstick(run: VerificationRun) -> None:
+    """Have the node's agent serve the platform's yardstick (its reply carries the command),
+    wait until its engine is ready with it, load-test it at yardstick.LEVELS, and hand the
+    engine back to its provider's command (the reply no longer carries it)."""
+    node = Node.objects.get(pk=run.node_id)
+    work, command, why = _yardstick_plan(node)
+    if why:
+        VerificationRun.objects.filter(pk=run.pk).update(
+            yardstick=work.key if work else "", yardstick_state=Yardstick.SKIPPED,
+            yardstick_note=why[:300])
+        return
+    VerificationRun.objects.filter(pk=run.pk).update(
+        yardstick=work.key, yardstick_state=Yardstick.ASKED, yardstick_config=command,
+        yardstick_note="")
+    marketplace.node_heartbeat_forget(node_ids=[node.pk])  # the next answer carries it
+    state, note = Yardstick.FAILED, ""
+    try:
+        note = _await_yardstick(run, command["version"])
+        if not note:
+            result = _load_test(run, lambda progress: loadtest.run_load_test(
+                node.engine_connect_url, model=work.model, levels=ys.LEVELS,
+                engine_key=engine_keys.unseal(node.engine_key_sealed), caches=False,
+                progress=progress), power=None, between=(65, 80))
+            for level in result.levels:
+                details = asdict(level)
+                _measure(run, None, f"ytps@{level.concurrency}", level.tokens_per_s, "tok/s",
+                         details)
+                _measure(run, None, f"yttft_p50@{level.concurrency}", level.ttft_p50_ms, "ms",
+                         details)
+            if result.tps():
+                state = Yardstick.DONE
+            else:
+                note = "its engine served no token of the yardstick"
+    except Exception as exc:  # an engine that breaks on the yardstick: said, no crash
+        note = f"the yardstick's load test failed: {exc}"
+    finally:
+        VerificationRun.objects.filter(pk=run.pk).update(
+            yardstick_state=state, yardstick_note=note[:300], updated_at=timezone.now())
+        marketplace.node_heartbeat_forget(node_ids=[node.pk])  # the provider's engine back
+
+
+def _await_yardstick(run: VerificationRun, version: str) -> str:
+    """"" once the node's engine is ready with this run's yardstick, else why not (the time
+    allowed ran out, the machine went offline)."""
+    wait = settings.RIGSHARE_YARDSTICK_READY.total_seconds()
+    deadline, stamped = time.monotonic() + wait, time.monotonic()
+    _progress(run, "yardstick: waiting for the machine to switch its engine", 62)
+    while True:
+        node = Node.objects.only("status", "engine_state", "engine_process").get(pk=run.node_id)
+        serving = (node.engine_process or {}).get("yardstick") or {}
+        if (serving.get("run") == run.pk and serving.get("version") == version
+                and node.engine_state == "ready"):
+            return ""
+        if not node.is_online:
+            return "the machine went offline while switching to the yardstick"
+        if time.monotonic() >= deadline:
+            process = node.engine_process or {}
+            said = process.get("error") or " ".join((process.get("log_tail") or [])[-2:])
+            return (f"its engine did not serve the yardstick within {wait:.0f} s (it was "
+                    f"{node.engine_state or 'not reported'}{': ' + said if said else ''})")
+        if time.monotonic() - stamped >= TOUCH_EVERY_S:
+            VerificationRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
+            stamped = time.monotonic()
+        time.sleep(YARDSTICK_POLL_S)
 
 
 class PowerWatch:
@@ -356,7 +501,7 @@ def _judge(run: VerificationRun) -> list[Finding]:
     by_index = {g.get("index"): g for g in probe.get("gpus") or []}
     node_level = {m.metric: m for m in run.measurements.filter(card__isnull=True)}
     cards = list(run.node.cards.filter(present=True).select_related("listing"))
-    serving = _serving_evidence(run, cards, node_level, by_index, specs)
+    serving = evidence.serving(run, cards, node_level, by_index, specs)
     probe_note = _probe_note(run, job, probe)
     uuids = Counter(card.uuid for card in cards if card.uuid)
     with transaction.atomic():
@@ -365,7 +510,7 @@ def _judge(run: VerificationRun) -> list[Finding]:
         for card in cards:
             spec = ev.spec_for(card.name, specs)
             listing = getattr(card, "listing", None)
-            evidence = ev.Evidence(
+            facts = ev.Evidence(
                 reported_name=card.name, reported_memory_mib=card.memory_total_mib,
                 claimed_model=listing.claimed_gpu_model if listing else "",
                 claimed_vram_gb=listing.claimed_vram_gb if listing else None,
@@ -378,7 +523,7 @@ def _judge(run: VerificationRun) -> list[Finding]:
                                   if "context_accepted" in node_level else None),
                 **serving)
             rows += [Finding(run=run, card=card, **asdict(f))
-                     for f in ev.evaluate(evidence, spec, specs)]
+                     for f in ev.evaluate(facts, spec, specs)]
         return Finding.objects.bulk_create(rows)
 
 
@@ -400,172 +545,6 @@ def _uuid_held_by(card: Card) -> tuple[int, ...]:
     return tuple(UuidConflict.objects.filter(node_id=card.node_id, uuid=card.uuid,
                                              closed_at__isnull=True)
                  .values_list("incumbent_id", flat=True))
-
-
-# --- the serving expectation: peers, the published reference, first principles ---
-
-PEER_WINDOW = timedelta(days=30)  # a peer's measurement older than this is no longer evidence
-
-
-def _serving_evidence(run, cards, node_level, by_index, specs) -> dict:
-    """The serving part of every card's Evidence (the engine serves the node as a whole)."""
-    served = {int(k.split("@")[1]): m.value for k, m in node_level.items()
-              if k.startswith("tps@") and m.value > 0}
-    if not served:
-        return {"served_tps": {}, "serving_note": (run.error or "the engine was not reachable "
-                                                   "from Rigshare")[:200]}
-    names = {card.name for card in cards}
-    gpu = names.pop() if len(names) == 1 else None
-    spec = ev.spec_for(gpu, specs) if gpu else None
-    count = len(cards)
-    label = (spec.name if spec else gpu or "mixed GPUs")
-    label = f"{count}x {label}" if count > 1 else label
-    engine, quantization = _served_as(run.node, run.model)
-    evidence = {"served_tps": served, "peer_label": label, "reference_label": label}
-    if gpu:
-        evidence["peer_tps"] = _peer_tps(run.node, gpu, count, run.model, engine, quantization)
-    if spec:
-        evidence["reference_tps"] = _reference(spec, count, run.model)
-    predicted, note = _predicted(cards, by_index, spec, run.model, engine, quantization,
-                                 sorted(served))
-    evidence |= {"predicted": predicted, "prediction_note": note}
-    return evidence
-
-
-def _served_as(node: Node, model: str) -> tuple[str, str]:
-    """(engine kind, quantization) the agent reported for this model ("" where unsaid)."""
-    entry = next((m for m in node.engine_served or [] if m.get("id") == model), {})
-    return entry.get("engine") or "", (entry.get("quantization") or "").strip().lower()
-
-
-def _peer_tps(node: Node, gpu: str, count: int, model: str, engine: str, quantization: str,
-              now: datetime | None = None) -> dict[int, tuple[float, ...]]:
-    """Tokens/s by concurrency of the fleet's verified peers: other nodes with `count` present
-    cards, all this GPU and verified, not held out, whose latest run within PEER_WINDOW served
-    this model on the same engine and quantization (where both say)."""
-    now = now or timezone.now()
-    present = Q(cards__present=True)
-    candidates = (Node.objects.exclude(pk=node.pk)
-                  .filter(needs_review=False, uuid_conflict=False,
-                          credential_revoked_at__isnull=True)
-                  .annotate(n=Count("cards", filter=present),
-                            alike=Count("cards", filter=present & Q(
-                                cards__name=gpu,
-                                cards__verification_status=Card.Verification.VERIFIED)))
-                  .filter(n=count, alike=count))
-    latest: dict[int, int] = {}
-    served_as = {}
-    for run_id, node_id, served in (VerificationRun.objects
-                                    .filter(node__in=candidates, status=Status.DONE,
-                                            finished_at__gte=now - PEER_WINDOW)
-                                    .order_by("node_id", "-finished_at", "-pk")
-                                    .values_list("pk", "node_id", "model")):
-        if node_id not in latest:  # each peer's latest run, and only if it served this model
-            latest[node_id] = run_id if served == model else None
-    latest = {n: r for n, r in latest.items() if r is not None}
-    for peer in Node.objects.filter(pk__in=list(latest)).only("pk", "engine_served"):
-        served_as[peer.pk] = _served_as(peer, model)
-    runs = [run_id for node_id, run_id in latest.items()
-            if _alike(served_as.get(node_id, ("", "")), (engine, quantization))]
-    by_level: dict[int, list[float]] = {}
-    for metric, value in Measurement.objects.filter(run_id__in=runs, card__isnull=True,
-                                                    metric__startswith="tps@", value__gt=0
-                                                    ).values_list("metric", "value"):
-        by_level.setdefault(int(metric.split("@")[1]), []).append(value)
-    return {level: tuple(sorted(values)) for level, values in by_level.items()}
-
-
-def _alike(theirs: tuple[str, str], ours: tuple[str, str]) -> bool:
-    return all(not a or not b or a == b for a, b in zip(theirs, ours, strict=True))
-
-
-def _reference(spec: ev.Spec | None, count: int, model: str) -> dict[int, float]:
-    if spec is None:
-        return {}
-    for ref in SERVING_REFERENCE:
-        if ref["gpu"] == spec.name and ref["count"] == count and ref["model"] == model:
-            return dict(ref["tps"])
-    return {}
-
-
-# Weights tried, heaviest first, when the agent did not say how the model is quantized: the
-# heaviest that fits gives the lowest, safest prediction.
-_ASSUMED_QUANTIZATIONS = ("bf16", "fp8", "awq")
-
-
-def _predicted(cards, by_index, spec, model, engine, quantization,
-               levels) -> tuple[dict[int, ev.Floor], str]:
-    """The first-principles prediction at each measured concurrency, and what it rests on."""
-    arch = architecture_for(model)
-    size = "the model's architecture"
-    if arch is None:
-        params = modelmath.params_from_name(model)
-        if params is None:
-            return {}, ""
-        arch = modelmath.Architecture(params=params[0], active_params=params[1], layers=0,
-                                      kv_layers=0, kv_heads=0, head_dim=0)
-        size = f"the {params[0] / 1e9:g}B parameters its name states"
-    hw = _hardware(cards, by_index, spec)
-    if hw is None:
-        return {}, ""
-    engines = [engine] if engine in ("vllm", "llama.cpp") else ["vllm", "llama.cpp"]
-    quantizations = [quantization] if quantization else list(_ASSUMED_QUANTIZATIONS)
-    for quant in quantizations:
-        found = {}
-        for level in levels:
-            guesses = [predict.predict(hw, arch, engine=kind, quantization=quant,
-                                       concurrency=level) for kind in engines]
-            if any(g is None for g in guesses):
-                break
-            found[level] = ev.Floor(expected=min(g.expected for g in guesses),
-                                    floor=min(g.floor for g in guesses))
-        else:
-            bandwidth = (f"its measured {hw.bandwidth_gbs:,.0f} GB/s" if hw.bandwidth_measured
-                         else f"its spec's {hw.bandwidth_gbs:,.0f} GB/s (not measured)")
-            if hw.cards > 1:
-                bandwidth = f"{hw.cards} cards in tensor parallel at {bandwidth} each"
-            weights = quant if quantization else f"{quant}, the heaviest weights that fit"
-            return found, f"from {bandwidth} and {size} ({weights})"
-    return {}, ""
-
-
-def _hardware(cards, by_index, spec) -> predict.Hardware | None:
-    """The node as the prediction sees it: each card's own measurements where the probes made
-    them (the slowest card sets the pace of tensor parallel), else its spec."""
-    probes = [by_index.get(card.index) or {} for card in cards]
-    bandwidths = [(p.get("bandwidth") or {}).get("best_gbs") for p in probes]
-    tflops = [(p.get("matmul") or {}).get("best_tflops") for p in probes]
-    memories = [_card_memory(card, probe) for card, probe in zip(cards, probes, strict=True)]
-    vram = min(memories) if memories and all(memories) else (
-        spec.memory_gb * 2**30 if spec else None)
-    gens = [card.pcie_gen_max for card in cards]
-    pcie = min(gens) if all(gens) else None
-    nvlink = engine_config.nvlink_joined(card.nvlink_links for card in cards)
-    if vram is None:
-        return None
-    if all(bandwidths):
-        return predict.Hardware(cards=len(cards), bandwidth_gbs=min(bandwidths), vram_bytes=vram,
-                                bf16_tflops=min(tflops) if all(tflops) else (
-                                    spec.bf16_tflops * predict.SPEC_COMPUTE_SHARE
-                                    if spec and spec.bf16_tflops else None),
-                                pcie_gen=pcie, nvlink=nvlink,
-                                unified_memory=bool(spec and spec.unified_memory))
-    if spec is None:
-        return None
-    return predict.hardware_from_spec(cards=len(cards), spec_bandwidth_gbs=spec.bandwidth_gbs,
-                                      vram_bytes=vram, spec_tflops=spec.bf16_tflops,
-                                      pcie_gen=pcie, nvlink=nvlink,
-                                      unified_memory=spec.unified_memory)
-
-
-def _card_memory(card: Card, probe: dict) -> float | None:
-    """What a card holds: what it reports, never more than its VRAM test could allocate (a
-    spoofed NVML size must not buy KV cache the card lacks)."""
-    sizes = [card.memory_total_mib * 2**20] if card.memory_total_mib else []
-    free = (probe.get("vram") or {}).get("free_bytes")
-    if free:
-        sizes.append(free + predict.ACTIVATION_RESERVE_BYTES)
-    return min(sizes) if sizes else None
 
 
 def run_publish(*, run_id: int) -> bool:
@@ -663,17 +642,18 @@ MAX_PEER_REJUDGES = 50
 
 
 def peers_rejudge(*, run_id: int) -> list[int]:
-    """After a run is published, every run of its peer group (itself first) whose serving was
-    judged with a different number of peers than the fleet has now is judged again: the order
-    in which machines finish must not decide whether a slow one is caught. Does not cascade."""
+    """After a run is published, every latest run of the machines with the same GPU and count
+    (itself first) whose serving or yardstick was judged with a different number of peers than
+    the fleet has now is judged again: the order in which machines finish must not decide
+    whether a slow one is caught. Does not cascade."""
     run = VerificationRun.objects.select_related("node").get(pk=run_id)
     cards = list(run.node.cards.filter(present=True))
     names = {card.name for card in cards}
-    if not run.model or len(names) != 1:
+    if len(names) != 1:
         return []
     gpu = names.pop()
     others = (VerificationRun.objects.filter(
-        status=Status.DONE, model=run.model, finished_at__gte=timezone.now() - PEER_WINDOW,
+        status=Status.DONE, finished_at__gte=timezone.now() - evidence.PEER_WINDOW,
         node__cards__name=gpu, node__cards__present=True).exclude(node_id=run.node_id)
         .order_by("node_id", "-finished_at", "-pk").values_list("pk", "node_id"))
     group, seen = [run.pk], set()
@@ -687,17 +667,29 @@ def peers_rejudge(*, run_id: int) -> list[int]:
         member_cards = list(member_run.node.cards.filter(present=True))
         if len(member_cards) != len(cards) or {c.name for c in member_cards} != {gpu}:
             continue
-        judged = (Finding.objects.filter(run=member_run, metric="serving")
-                  .values_list("details", flat=True).first())
-        if judged is None:
-            continue
-        engine, quantization = _served_as(member_run.node, run.model)
-        now_available = _peer_tps(member_run.node, gpu, len(cards), run.model, engine,
-                                  quantization)
-        count = max((len(v) for v in now_available.values()), default=0)
-        if count != (judged or {}).get("peers", 0) and run_rejudge(run_id=member):
+        if _peer_counts_moved(member_run, gpu, len(cards)) and run_rejudge(run_id=member):
             rejudged.append(member)
     return rejudged
+
+
+def _peer_counts_moved(run: VerificationRun, gpu: str, count: int) -> bool:
+    """Whether the fleet has another number of peers for this run's serving or yardstick than
+    it was judged with."""
+    judged = dict(Finding.objects.filter(run=run, metric__in=("serving", "yardstick"))
+                  .values_list("metric", "details"))
+    moved = False
+    if "serving" in judged and run.model:
+        engine, quantization = evidence.served_as(run)
+        now = evidence.peer_tps(run.node, gpu, count, run.model, engine, quantization)
+        moved = max((len(v) for v in now.values()), default=0) != (
+            judged["serving"] or {}).get("peers", 0)
+    if "yardstick" in judged and not moved:
+        source = evidence.yardstick_run(run)
+        if source is not None and source.yardstick:
+            now = evidence.yardstick_peer_tps(run.node, gpu, count, source.yardstick)
+            moved = max((len(v) for v in now.values()), default=0) != (
+                judged["yardstick"] or {}).get("peers", 0)
+    return moved
 
 
 def runs_resume_stale(*, now: datetime | None = None) -> list[tuple[int, str]]:

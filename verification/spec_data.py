@@ -15,6 +15,11 @@ WHITEPAPER_AD102 = "NVIDIA Ada AD102 whitepaper (FACTS.md)"
 PRESS_5090 = "press reviews of the RTX 5090 (FACTS.md)"
 PRESS_PRO6000 = "press reviews of the RTX PRO 6000 Blackwell (FACTS.md)"
 APPLE = "Apple product specifications (FACTS.md)"
+# Apple publishes no FLOPS figure: GPU cores x 128 ALUs x 2 (a fused multiply-add) x the GPU
+# clock, 16-bit math at the FP32 rate on Apple GPUs. OUR ESTIMATE, for the serving prediction
+# (its parallel slots share this math) where no probe measures it.
+APPLE_GPU_ESTIMATE = ("ESTIMATE: {cores} GPU cores x 128 ALUs x 2 FLOP x {ghz} GHz; Apple "
+                      "publishes no FLOPS figure")
 
 # name, NVML names that identify it, memory GB, bandwidth GB/s, dense BF16 TFLOPS, L2 MB,
 # power W, PCIe gen, compute capability, bus width bits, SMs, sources
@@ -64,13 +69,14 @@ SPECS = [
          bf16_tflops=362, l2_mb=96, power_w=350, pcie_gen=4, compute_capability="8.9",
          bus_width_bits=384, sm_count=142, sources={"*": DATASHEET}),
     dict(name="Apple M1 Ultra", nvml_names=["Apple M1 Ultra"], memory_gb=128,
-         bandwidth_gbs=800, bf16_tflops=None, l2_mb=None, power_w=None, pcie_gen=None,
-         compute_capability="", bus_width_bits=None, sm_count=None, sources={"*": APPLE}),
+         bandwidth_gbs=800, bf16_tflops=21, l2_mb=None, power_w=None, pcie_gen=None,
+         compute_capability="", bus_width_bits=None, sm_count=None,
+         sources={"*": APPLE, "bf16_tflops": APPLE_GPU_ESTIMATE.format(cores=64, ghz=1.3)}),
     dict(name="Apple M4 Max", nvml_names=["Apple M4 Max"], memory_gb=128,
-         bandwidth_gbs=546, bf16_tflops=None, l2_mb=None, power_w=None, pcie_gen=None,
+         bandwidth_gbs=546, bf16_tflops=16, l2_mb=None, power_w=None, pcie_gen=None,
          compute_capability="", bus_width_bits=None, sm_count=None,
          sources={"*": APPLE + " (546 GB/s for the 16-core CPU / 40-core GPU part; 410 for "
-                  "14/32)"}),
+                  "14/32)", "bf16_tflops": APPLE_GPU_ESTIMATE.format(cores=40, ghz=1.58)}),
 ]
 
 FLEET_REPORT = "published GPU-fleet measurements, 27B model on vLLM (FACTS.md)"

@@ -80,7 +80,9 @@ class Fleet:
         assert self.proc is None, "one fleet per test"
         args = [sys.executable, "-m", "fleetsim", "up", "--platform", platform,
                 "--profiles", profile, "--tokens", token, "--state-dir", str(self.state_dir),
-                "--base-port", str(free_port()), "--time-scale", "50"]
+                "--base-port", str(free_port()), "--time-scale", "50",
+                # The agent runs the engine, so verification can switch it to its yardstick.
+                "--agent-engines", "all"]
         with open(self.log_path, "wb") as log:
             # A new session makes fleetsim and its agent one process group, killed together.
             self.proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,

@@ -62,8 +62,10 @@ def test_provider_lists_a_machine_and_a_renter_rents_and_stops_it(page, live_ser
     deadline = time.monotonic() + MACHINE_ONLINE_DEADLINE_S
     while True:
         page.goto("/provider/")
+        # Online with its card, and its engine (which the agent starts) serving its model.
         if (node_section.locator(".status.online").count()
-                and node_section.locator("tr[data-card]").count()):
+                and node_section.locator("tr[data-card]").count()
+                and profile.model in node_section.inner_text()):
             break
         if proc.poll() is not None:
             pytest.fail(f"fleetsim exited with status {proc.returncode}:\n{fleet.log()}")

@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.verification.test_serving_basis import HONEST_YARDSTICK
 from verification.evaluate import (
     MISMATCH,
     NOT_MEASURED,
@@ -44,7 +45,8 @@ def honest_probe(**overrides):
 
 def ev(**kwargs):
     base = dict(reported_name="NVIDIA GeForce RTX 4090", reported_memory_mib=24564,
-                claimed_model="RTX 4090", claimed_vram_gb=24, probe=honest_probe())
+                claimed_model="RTX 4090", claimed_vram_gb=24, probe=honest_probe(),
+                supervised=True, yardstick=HONEST_YARDSTICK)
     base.update(kwargs)
     return Evidence(**base)
 
@@ -99,14 +101,19 @@ def test_identity_listing_claims_another_model():
     assert found.severity == MISMATCH
 
 
-def test_a_card_missing_from_the_table_is_verified_by_measurement():
-    findings = evaluate(ev(reported_name="NVIDIA Mystery 9000", claimed_model=""), None, SPECS)
+def test_a_card_missing_from_the_table_is_judged_by_measurement():
+    findings = evaluate(ev(reported_name="NVIDIA Mystery 9000", claimed_model="",
+                           served_tps={1: 90, 32: 430}, peer_tps={1: (91.0,), 32: (431.0,)}),
+                        None, SPECS)
     found = by_metric(findings)
     assert found["identity"].severity == NOT_MEASURED
     assert "no reference spec" in found["identity"].message
     # bandwidth is judged against the card's own clock x bus width: 920 of 1008 is fine
     assert found["bandwidth"].severity == OK and "own memory clock" in found["bandwidth"].message
     assert verdict(findings) == "verified"
+    # With no serving measured, its hardware alone is no verdict on what it serves.
+    findings = evaluate(ev(reported_name="NVIDIA Mystery 9000", claimed_model=""), None, SPECS)
+    assert verdict(findings) == "not_judged"
 
 
 @pytest.mark.parametrize("free_gib, claimed_gb, reported_mib, severity", [
@@ -225,7 +232,8 @@ def test_serving_far_below_what_the_hardware_predicts(served, severity):
 def test_serving_with_no_basis_says_so_and_is_never_ok():
     found = by_metric(evaluate(ev(served_tps={32: 10}), RTX_4090, SPECS))["serving"]
     assert found.severity == NOT_MEASURED and found.basis == "none"
-    assert "no basis" in found.message and found.measured == "10 tok/s @32"
+    assert found.expected == "no basis" and "not judged" in found.message
+    assert found.measured == "10 tok/s @32"
 
 
 def test_prefix_cache_and_context_checks():

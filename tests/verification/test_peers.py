@@ -1,59 +1,22 @@
-"""Fleet peers as the serving basis, on PostgreSQL: who counts as a peer, and a slow machine
-caught whatever the order in which it and its peers were verified."""
+"""Fleet peers as a serving basis, on PostgreSQL: who counts as a peer, peers that agree with
+each other but not with the calibrated expectation, and a slow machine caught whatever the
+order in which it and its peers were verified."""
 
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from marketplace.models import Card, Listing, Node
-from tests.factories import CardFactory, NodeFactory
-from tests.verification.test_pipeline import h200_probe
-from verification import services
-from verification.models import Finding, Measurement, ProbeJob, VerificationRun
+from fleetsim.profiles import get_profile
+from marketplace.models import Card, Node
+from tests.verification.machines import judged_node
+from verification import evidence, services
+from verification.models import Finding, Measurement, VerificationRun
 
 pytestmark = pytest.mark.django_db
 
-PRO_6000 = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
-# A model nobody publishes figures for and whose name states no size: peers are the only basis.
-MODEL = "acme/house-model"
-
-
-def pro_6000_probe(index: int) -> dict:
-    gpu = h200_probe()["gpus"][0]
-    gpu["index"] = index
-    gpu["facts"] |= {"name": PRO_6000, "compute_capability": "12.0",
-                     "compute_capability_cuda": "12.0", "sm_count": 188,
-                     "memory_bus_width_bits": 512, "power_limit_w": 600,
-                     "power_default_limit_w": 600, "memory_total_mib": 98304}
-    gpu["bandwidth"] = {"best_gbs": 1620.0}
-    gpu["matmul"] = {"best_tflops": 185.0}
-    gpu["vram"] = {"free_bytes": 95 * 2**30, "pattern_ok": True}
-    return gpu
-
-
-def verified_node(owner, tps: dict[int, float], *, count: int = 1, model: str = MODEL,
-                  quantization: str = "fp8", finished_at=None) -> Node:
-    """A node whose run went through evaluation and publication with these figures, as the
-    load test would have written them."""
-    node = NodeFactory(owner=owner, engine_models=[model], engine_served=[
-        {"id": model, "engine": "vllm", "max_context": 32768, "quantization": quantization}])
-    for index in range(count):
-        card = CardFactory(node=node, index=index, name=PRO_6000, memory_total_mib=98304,
-                           compute_capability="12.0", pcie_gen_max=5, pcie_gen_current=5,
-                           power_limit_w=600)
-        Listing.objects.create(card=card, is_listed=True, price_per_hour_micros=1_000_000)
-    run = VerificationRun.objects.create(node=node, trigger="enrolment", model=model,
-                                         status=VerificationRun.Status.LOAD_TESTING)
-    ProbeJob.objects.create(run=run, node=node, status="done", result={
-        "device": "cuda", "wsl": False, "gpus": [pro_6000_probe(i) for i in range(count)]})
-    for level, value in tps.items():
-        Measurement.objects.create(run=run, card=None, metric=f"tps@{level}", value=value,
-                                   unit="tok/s")
-    assert services.run_evaluate(run_id=run.pk) and services.run_publish(run_id=run.pk)
-    if finished_at:
-        VerificationRun.objects.filter(pk=run.pk).update(finished_at=finished_at)
-    return node
+# An RTX PRO 6000 serving Llama-3.1-8B: no published figure for it.
+PRO_8B = get_profile("rtx-pro-6000-llama8b")
 
 
 def status(node) -> str:
@@ -64,51 +27,68 @@ def serving(node) -> Finding:
     return Finding.objects.filter(run__node=node, metric="serving").latest("run_id")
 
 
-HONEST = {1: 104.0, 32: 1248.0}
-SLOW = {1: 34.0, 32: 427.0}
-
-
-def test_a_slow_machine_judged_before_its_peers_is_caught_once_they_are_verified(bob, mallory):
-    liar = verified_node(mallory, SLOW)
-    assert serving(liar).basis == "none" and status(liar) == "verified"  # hardware checked
-    honest = verified_node(bob, HONEST)
-    assert status(honest) == "verified"
+def test_verified_peers_are_the_basis_and_named(bob, mallory):
+    for i in range(3):
+        judged_node(bob, PRO_8B, machine_id=f"honest-{i}")
+    liar = judged_node(mallory, PRO_8B, own_factor=0.35, machine_id="liar")
     assert status(liar) == "flagged"
     found = serving(liar)
     assert found.severity == "mismatch" and found.basis == "peers"
-    assert "1,248 tok/s by 1 RTX PRO 6000 Blackwell peer on this model" in found.message
+    assert "by 3 RTX PRO 6000 Blackwell peers on this model" in found.message
 
 
-def test_three_peers_are_named_in_the_finding(bob, mallory):
-    for _ in range(3):
-        verified_node(bob, HONEST)
-    liar = verified_node(mallory, SLOW)
-    assert status(liar) == "flagged"
-    assert "by 3 RTX PRO 6000 Blackwell peers" in serving(liar).message
-
-
-def test_the_honest_are_not_flagged_by_a_slow_peer(bob, mallory):
-    verified_node(mallory, SLOW)
-    honest = verified_node(bob, HONEST)
+def test_a_slow_machine_verified_first_is_caught_at_once_and_never_a_peer(bob, mallory):
+    liar = judged_node(mallory, PRO_8B, own_factor=0.35, machine_id="liar")
+    assert status(liar) == "flagged" and serving(liar).basis == "calibrated"
+    honest = judged_node(bob, PRO_8B, machine_id="honest")
     assert status(honest) == "verified" and serving(honest).severity == "ok"
+    assert serving(honest).details["peers"] == 0  # the flagged machine is no peer
+
+
+def test_slow_twins_with_only_each_other_are_both_flagged(bob, mallory):
+    first = judged_node(mallory, PRO_8B, own_factor=0.5, machine_id="twin-1")
+    second = judged_node(mallory, PRO_8B, own_factor=0.5, machine_id="twin-2")
+    for twin in (first, second):
+        assert status(twin) == "flagged"
+        assert serving(twin).severity == "mismatch" and serving(twin).basis == "calibrated"
+
+
+def test_peers_far_below_the_calibrated_expectation_are_set_aside(bob, mallory):
+    """A peer verified once, whose latest run reads half its speed: agreeing with a second
+    machine as slow makes neither normal."""
+    peer = judged_node(bob, PRO_8B, machine_id="peer")
+    run = VerificationRun.objects.filter(node=peer).latest("pk")
+    for row in Measurement.objects.filter(run=run, metric__startswith="tps@"):
+        row.value /= 2
+        row.save()
+    liar = judged_node(mallory, PRO_8B, own_factor=0.5, machine_id="liar")
+    found = serving(liar)
+    assert found.severity == "mismatch" and found.basis == "calibrated"
+    assert "not used as a yardstick" in found.message
 
 
 @pytest.mark.parametrize("unlike", [
-    dict(count=2),  # another GPU count
-    dict(model="acme/other-model"),  # another model
-    dict(quantization="bf16"),  # another quantization, both said
-    dict(finished_at=timezone.now() - services.PEER_WINDOW - timedelta(days=1)),  # too old
+    dict(profile=get_profile("rtx-pro-6000")),  # another model
+    dict(quantization="fp8"),  # other weights, both said
+    dict(finished_at=timezone.now() - evidence.PEER_WINDOW - timedelta(days=1)),  # too old
 ])
 def test_only_alike_recent_peers_count(bob, mallory, unlike):
-    verified_node(bob, HONEST if unlike.get("count", 1) == 1 else {1: 104.0, 32: 2496.0},
-                  **unlike)
-    liar = verified_node(mallory, SLOW)
-    assert serving(liar).basis == "none" and status(liar) == "verified"
+    profile = unlike.get("profile", PRO_8B)
+    own = (PRO_8B.serving(PRO_8B.model, unlike["quantization"])
+           if "quantization" in unlike else None)
+    peer = judged_node(bob, profile, own=own, machine_id="peer")
+    if "finished_at" in unlike:
+        VerificationRun.objects.filter(node=peer).update(finished_at=unlike["finished_at"])
+    liar = judged_node(mallory, PRO_8B, own_factor=0.35, machine_id="liar")
+    assert serving(liar).basis == "calibrated" and status(liar) == "flagged"
 
 
 def test_an_unsaid_quantization_matches_any(bob, mallory):
-    verified_node(bob, HONEST, quantization="")
-    liar = verified_node(mallory, SLOW)
+    judged_node(bob, PRO_8B, machine_id="peer")
+    run = VerificationRun.objects.get(node__hostname="peer")
+    run.served = {**run.served, "quantization": ""}
+    run.save()
+    liar = judged_node(mallory, PRO_8B, own_factor=0.35, machine_id="liar")
     assert serving(liar).basis == "peers" and status(liar) == "flagged"
 
 
@@ -119,17 +99,29 @@ def test_an_unsaid_quantization_matches_any(bob, mallory):
     lambda node: Node.objects.filter(pk=node.pk).update(credential_revoked_at=timezone.now()),
 ])
 def test_a_flagged_or_held_out_machine_is_no_peer(bob, mallory, hold):
-    hold(verified_node(bob, HONEST))
-    liar = verified_node(mallory, SLOW)
-    assert serving(liar).basis == "none"
+    hold(judged_node(bob, PRO_8B, machine_id="peer"))
+    liar = judged_node(mallory, PRO_8B, own_factor=0.35, machine_id="liar")
+    assert serving(liar).basis == "calibrated"
 
 
 def test_a_peer_flagged_later_leads_to_judging_again(bob, mallory):
     """The rule is "judged with as many peers as there are": one fewer is judged again too."""
-    peer = verified_node(bob, HONEST)
-    other = verified_node(mallory, {1: 100.0, 32: 1200.0})
+    peer = judged_node(bob, PRO_8B, machine_id="peer")
+    other = judged_node(mallory, PRO_8B, own_factor=0.95, machine_id="other")
     assert serving(other).details["peers"] == 1
     Card.objects.filter(node=peer).update(verification_status="flagged")
     run = VerificationRun.objects.filter(node=peer).latest("pk")
     services.peers_rejudge(run_id=run.pk)
     assert serving(other).details["peers"] == 0
+
+
+def test_apple_machines_with_only_a_serving_measurement_are_peers_of_each_other(bob, mallory):
+    mac = get_profile("m4-max-llamacpp")
+    honest = judged_node(bob, mac, machine_id="mac")
+    assert status(honest) == "serving_verified"
+    slow = judged_node(mallory, mac, own_factor=0.45, machine_id="slow-mac")
+    found = serving(slow)
+    assert found.severity == "mismatch" and found.basis == "peers", found.message
+    assert "1 Apple M4 Max peer on this model" in found.message
+    yardstick = Finding.objects.filter(run__node=slow, metric="yardstick").first()
+    assert yardstick.basis == "peers"  # the honest Mac on the yardstick too

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from marketplace import services as marketplace
 from marketplace.models import Card, Node
-from tests.verification.conftest import SCALE
+from tests.verification.conftest import SCALE, YardstickAgent
 from verification import services, tasks
 from verification.models import Finding, Measurement, ProbeJob, VerificationRun, VerifiedCapacity
 
@@ -25,6 +25,8 @@ def h200_report(uuid=H200_UUID, engine_url="", reachable=False):
                       "pcie_gen_current": 5, "pcie_gen_max": 5, "pcie_width_current": 16,
                       "pcie_width_max": 16, "power_limit_w": 700}],
             "engine": {"url": engine_url, "reachable": reachable, "models": ["Qwen/Qwen3-27B"],
+                       "served": [{"id": "Qwen/Qwen3-27B", "engine": "vllm",
+                                   "max_context": 262_144, "quantization": "fp8"}],
                        "error": None}}
 
 
@@ -64,8 +66,12 @@ def run_pipeline(run):
     return run
 
 
-def test_an_honest_h200_is_verified_with_its_capacity_published(bob, h200_engine):
-    node = enrolled_node(bob, h200_report(engine_url=h200_engine, reachable=True))
+@pytest.mark.django_db(transaction=True)  # the agent's heartbeats come from another thread
+def test_an_honest_h200_is_verified_with_its_capacity_published(bob, switching_h200):
+    url, engine = switching_h200
+    report = h200_report(engine_url=url, reachable=True)
+    report["engine"]["supervisor"] = {"state": "ready", "mode": "command", "argv": ["engine"]}
+    node = enrolled_node(bob, report)
     run = services.run_start(node_id=node.pk, trigger="enrolment")
     jobs = services.jobs_for_node(node.pk)
     assert [j["kind"] for j in jobs] == ["probes"] and jobs[0]["params"]["iterations"] >= 20
@@ -73,9 +79,17 @@ def test_an_honest_h200_is_verified_with_its_capacity_published(bob, h200_engine
     services.job_result_record(node_id=node.pk, job_id=jobs[0]["id"], status="done",
                                result=h200_probe())
     assert services.jobs_for_node(node.pk) == []
-    run = run_pipeline(run)
+    agent = YardstickAgent(node.pk, engine, report)
+    agent.start()
+    try:
+        run = run_pipeline(run)
+    finally:
+        agent.stop.set()
+        agent.join()
+    assert agent.failure is None, agent.failure
     assert run.status == "done" and run.progress_pct == 100, run.error
     assert run.model == "Qwen/Qwen3-27B", run.error
+    assert agent.served_yardstick and run.yardstick_state == "done", run.yardstick_note
     card = Card.objects.get(node=node)
     assert card.verification_status == "verified" and card.reference_spec == "H200"
     tps = {m.metric: m.value for m in Measurement.objects.filter(run=run, card=None)}
@@ -85,6 +99,10 @@ def test_an_honest_h200_is_verified_with_its_capacity_published(bob, h200_engine
     # and serves them too, so the exact curve is for `make bench-verification` to show).
     assert tps["tps@32"] > 4 * tps["tps@1"] and tps["tps@128"] > 4 * tps["tps@1"]
     assert tps["prefix_speedup"] > 2 and tps["context_accepted"] == 1.0
+    # The engine decodes three tokens a pass (its multi-token-prediction head), as its
+    # metrics say; the yardstick, a plain 8B, one.
+    assert tps["spec_tokens_per_pass"] == pytest.approx(3.0, abs=0.05)
+    assert {f"ytps@{n}" for n in (1, 8, 32)} <= set(tps)
     assert card.verified_tokens_per_s == pytest.approx(tps["tps@32"])
     # What the figure means, and the bandwidth against the spec, as the catalog shows them.
     assert (card.verified_model, card.verified_concurrency) == ("Qwen/Qwen3-27B", 32)
@@ -92,8 +110,23 @@ def test_an_honest_h200_is_verified_with_its_capacity_published(bob, h200_engine
     assert VerifiedCapacity.objects.get(card=card).tokens_per_s == pytest.approx(tps["tps@32"])
     severities = dict(Finding.objects.filter(run=run).values_list("metric", "severity"))
     assert {"identity", "bandwidth", "compute", "vram", "pcie", "serving", "prefix_cache",
-            "context"} <= set(severities)
+            "context", "yardstick"} <= set(severities)
     assert set(severities.values()) == {"ok"}, severities
+
+
+def test_an_engine_its_provider_runs_by_hand_is_measured_but_never_verified(bob, h200_engine):
+    node = enrolled_node(bob, h200_report(engine_url=h200_engine, reachable=True))
+    run = services.run_start(node_id=node.pk, trigger="enrolment")
+    job = services.jobs_for_node(node.pk)[0]
+    services.job_result_record(node_id=node.pk, job_id=job["id"], status="done",
+                               result=h200_probe())
+    run = run_pipeline(run)
+    assert run.yardstick_state == "skipped" and "by hand" in run.yardstick_note
+    card = Card.objects.get(node=node)
+    assert card.verification_status == "not_judged"
+    assert card.verified_tokens_per_s > 0  # routing weighs it by what was measured
+    serving = Finding.objects.get(run=run, metric="serving")
+    assert serving.severity == "not_measured" and "by hand" in serving.message
 
 
 def test_liars_are_flagged(bob, mallory, h200_engine):

@@ -39,7 +39,8 @@ def report(engine_url, power_draw_w=None):
 @pytest.fixture
 def engine(settings, monkeypatch):
     settings.RIGSHARE_LOAD_TEST_LEVELS = (1, 8, 32)
-    monkeypatch.setattr(loadtest, "OUTPUT_TOKENS", 64)  # 32 streams of 64 tokens: ~3 s
+    # 32 streams of 256 tokens at the 4090's ~1,000 tok/s (x3): ~3 s of readings at full load
+    monkeypatch.setattr(loadtest, "OUTPUT_TOKENS", 256)
     monkeypatch.setattr(loadtest, "PREFIX_WORDS", 500)
     with ServerThread(EngineServer(PROFILE, time_scale=SCALE)) as server:
         yield server.url

@@ -14,6 +14,8 @@ from verification.models import Finding, VerificationRun
 pytestmark = pytest.mark.django_db
 
 OWN_UUID = "GPU-77777777-0000-0000-0000-000000000001"
+# Hardware checked, no engine measured: its serving is not judged, and nothing is flagged.
+CHECKED = "not_judged"
 
 
 def verified(node_id: int, uuid: str) -> None:
@@ -42,7 +44,7 @@ def test_the_newcomer_is_flagged_when_it_copies_a_uuid_and_cleared_when_it_stops
     newcomer = enroll(api, mallory, "newcomer")
     beat(api, newcomer["credential"], report(gpus=gpus(OWN_UUID)))
     verified(newcomer["node_id"], OWN_UUID)
-    assert status(newcomer["node_id"]) == "verified"
+    assert status(newcomer["node_id"]) == CHECKED
 
     beat(api, newcomer["credential"], report())  # now it reports the incumbent's UUID
     assert status(newcomer["node_id"]) == "flagged"
@@ -51,11 +53,11 @@ def test_the_newcomer_is_flagged_when_it_copies_a_uuid_and_cleared_when_it_stops
     assert Node.objects.get(pk=newcomer["node_id"]).uuid_conflict
 
     beat(api, incumbent["credential"], report())
-    assert status(incumbent["node_id"]) == "verified"
+    assert status(incumbent["node_id"]) == CHECKED
     assert not Finding.objects.filter(card__node_id=incumbent["node_id"], metric="uuid").exists()
 
     beat(api, newcomer["credential"], report(gpus=gpus(OWN_UUID)))  # the conflict is gone
-    assert status(newcomer["node_id"]) == "verified"
+    assert status(newcomer["node_id"]) == CHECKED
     assert not Finding.objects.filter(card__node_id=newcomer["node_id"], metric="uuid").exists()
     assert not Node.objects.get(pk=newcomer["node_id"]).uuid_conflict
 

@@ -11,6 +11,7 @@ from django.conf import settings
 
 from fleetsim.profiles import get_profile
 from fleetsim.server import EngineServer, ServerThread
+from tests.verification.conftest import SwitchingEngine, YardstickAgent
 from tests.verification.test_pipeline import enrolled_node, h200_probe, h200_report
 from verification import services, tasks
 from verification.models import Finding, Measurement, VerificationRun
@@ -45,20 +46,33 @@ def _wait_for(predicate, timeout=90):
     return False
 
 
-def test_the_chain_runs_on_a_real_worker(bob):
-    with ServerThread(EngineServer(get_profile("h200"), time_scale=10)) as engine:
-        node = enrolled_node(bob, h200_report(engine_url=engine.url, reachable=True))
+def test_the_chain_runs_on_a_real_worker(bob, settings, gpu_specs):
+    """The load test, the yardstick's switch and back, evaluation and publication: the
+    worker's process waits for the agent's heartbeats as they reach the database."""
+    settings.RIGSHARE_LOAD_TEST_LEVELS = (1, 8)
+    engine = SwitchingEngine(get_profile("h200"), time_scale=10)
+    with ServerThread(engine) as server:
+        report = h200_report(engine_url=server.url, reachable=True)
+        report["engine"]["supervisor"] = {"state": "ready", "mode": "command",
+                                          "argv": ["engine"]}
+        node = enrolled_node(bob, report)
         run = services.run_start(node_id=node.pk, trigger="enrolment")
         job = services.jobs_for_node(node.pk)[0]
         services.job_result_record(node_id=node.pk, job_id=job["id"], status="done",
                                    result=h200_probe())
+        agent = YardstickAgent(node.pk, engine, report)
+        agent.start()
         worker = _worker()
         try:
             tasks.verification_advance.delay()
             assert _wait_for(lambda: VerificationRun.objects.get(pk=run.pk).status == "done")
         finally:
             _stop(worker)
+            agent.stop.set()
+            agent.join()
+    assert agent.failure is None and agent.served_yardstick
     assert Measurement.objects.filter(run=run, metric="tps@8").exists()
+    assert Measurement.objects.filter(run=run, metric="ytps@8").exists()
     assert node.cards.get().verification_status == "verified"
 
 
@@ -86,7 +100,8 @@ def _answered_run(bob, engine):
 
 # Levels 1 and 8, and 128: an H200 is measured where its published figure is.
 EXPECTED_METRICS = {f"{name}@{level}" for name in ("tps", "ttft_p50", "ttft_p99")
-                    for level in (1, 8, 128)} | {"prefix_speedup", "context_accepted"}
+                    for level in (1, 8, 128)} | {"prefix_speedup", "context_accepted",
+                                                 "spec_tokens_per_pass"}
 
 
 def test_a_worker_killed_mid_load_test_is_taken_up_again_within_two_minutes(bob, tmp_path):
