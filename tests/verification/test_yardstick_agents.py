@@ -10,29 +10,18 @@ each beside the honest machines that must stay verified.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
-from agent.credential import write_credential
-from fleetsim.fleet import Machine, agent_run_args
-from fleetsim.profiles import get_profile
-from marketplace import services as marketplace
 from marketplace.models import Card, Node
-from tests.engine import free_port
-from verification import loadtest, services
+from tests.agents import Agents, verify, wait_for
+from verification import loadtest
 from verification import yardstick as ys
-from verification.models import Finding, Measurement, ProbeJob, VerificationRun
+from verification.models import Finding, Measurement, VerificationRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-REPO = Path(__file__).resolve().parents[2]
 LEVELS = (1, 8)  # enough for one stream and a batch; 32 streams of the Mac would take minutes
 
 
@@ -46,69 +35,8 @@ def fleet(live_server, settings, monkeypatch, bob, tmp_path, gpu_specs):
     monkeypatch.setattr(ys, "LEVELS", LEVELS)
     monkeypatch.setattr(loadtest, "OUTPUT_TOKENS", 48)
     monkeypatch.setattr(loadtest, "PREFIX_WORDS", 400)
-    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "PYTHONPATH": str(REPO)}
-    started: list[tuple[subprocess.Popen, Path]] = []
-
-    def spawn(args: list[str], log: Path) -> None:
-        with open(log, "ab") as out:
-            started.append((subprocess.Popen(args, cwd=REPO, stdout=out,
-                                             stderr=subprocess.STDOUT, env=env,
-                                             start_new_session=True), log))
-
-    def start(key: str, machine_id: str, *, own_engine: bool = True) -> int:
-        _, token = marketplace.enrolment_token_create(owner=bob)
-        enrolment = marketplace.node_enroll(token=token, hostname=machine_id,
-                                            agent_version="0.1.0")
-        credential = tmp_path / f"{machine_id}.json"
-        write_credential(credential, {"platform": live_server.url,
-                                      "node_id": enrolment.node.pk,
-                                      "credential": enrolment.credential})
-        machine = Machine(machine_id, get_profile(key), free_port(), credential, None,
-                          own_engine=own_engine)
-        log = tmp_path / f"{machine_id}.log"
-        if not own_engine:  # the provider runs the engine: the agent only reports on it
-            spawn([sys.executable, "-m", "fleetsim", "serve", "--profile", key, "--port",
-                   str(machine.port)], log)
-        spawn([sys.executable, "-m", "fleetsim", "agent", "--profile", key, "--machine-id",
-               machine_id, *agent_run_args(machine)], log)
-        return enrolment.node.pk
-
-    yield start
-    for proc, _ in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc, _ in started:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    for log in dict.fromkeys(log for _, log in started):
-        print(f"\n--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}",
-              file=sys.stderr)
-
-
-def wait_for(what: str, check, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {timeout:g} s")
-        time.sleep(0.2)
-    return found
-
-
-def verify(node_id: int) -> VerificationRun:
-    """The node's enrolment run, once its probes are in, through the pipeline's steps."""
-    run = wait_for("verification run", lambda: VerificationRun.objects.filter(
-        node_id=node_id).first())
-    wait_for("probes answered", lambda: not ProbeJob.objects.filter(
-        run=run, status="pending").exists())
-    wait_for("engine ready", lambda: Node.objects.get(pk=node_id).engine_takes_work
-             and Node.objects.get(pk=node_id).engine_reachable)
-    assert services.run_load_test(run_id=run.pk)
-    assert services.run_evaluate(run_id=run.pk) and services.run_publish(run_id=run.pk)
-    run.refresh_from_db()
-    return run
+    with Agents(live_server.url, bob, tmp_path) as agents:
+        yield agents.start
 
 
 def verdict(node_id: int) -> str:

@@ -1,0 +1,104 @@
+"""Real node agents for tests: `python -m fleetsim agent ... run` processes that report to a live
+platform (Django's live server or uvicorn on a thread) and run their simulated engines as their
+children, as a provider's machine does; and the verification pipeline's steps run on them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.credential import write_credential
+from fleetsim.fleet import Machine, agent_run_args
+from fleetsim.profiles import get_profile
+from marketplace import services as marketplace
+from marketplace.models import Node
+from tests.engine import free_port
+from verification import services
+from verification.models import ProbeJob, VerificationRun
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Agents:
+    """start(profile key, machine id, own_engine=True) enrols a simulated machine of `owner`'s
+    and starts its agent; leaving the block stops every agent (their logs printed, for a test
+    that failed)."""
+
+    def __init__(self, platform_url: str, owner, tmp_path: Path):
+        self.platform_url, self.owner, self.tmp_path = platform_url, owner, tmp_path
+        self.env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+                    "PYTHONPATH": str(REPO)}
+        self.started: list[tuple[subprocess.Popen, Path]] = []
+        self.machines: dict[int, Machine] = {}
+
+    def __enter__(self) -> Agents:
+        return self
+
+    def _spawn(self, args: list[str], log: Path) -> None:
+        with open(log, "ab") as out:
+            self.started.append((subprocess.Popen(args, cwd=REPO, stdout=out,
+                                                  stderr=subprocess.STDOUT, env=self.env,
+                                                  start_new_session=True), log))
+
+    def start(self, key: str, machine_id: str, *, own_engine: bool = True) -> int:
+        _, token = marketplace.enrolment_token_create(owner=self.owner)
+        enrolment = marketplace.node_enroll(token=token, hostname=machine_id,
+                                            agent_version="0.1.0")
+        credential = self.tmp_path / f"{machine_id}.json"
+        write_credential(credential, {"platform": self.platform_url,
+                                      "node_id": enrolment.node.pk,
+                                      "credential": enrolment.credential})
+        machine = Machine(machine_id, get_profile(key), free_port(), credential, None,
+                          own_engine=own_engine)
+        log = self.tmp_path / f"{machine_id}.log"
+        if not own_engine:  # the provider runs the engine: the agent only reports on it
+            self._spawn([sys.executable, "-m", "fleetsim", "serve", "--profile", key, "--port",
+                         str(machine.port)], log)
+        self._spawn([sys.executable, "-m", "fleetsim", "agent", "--profile", key,
+                     "--machine-id", machine_id, *agent_run_args(machine)], log)
+        self.machines[enrolment.node.pk] = machine
+        return enrolment.node.pk
+
+    def __exit__(self, *exc) -> None:
+        for proc, _ in self.started:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc, _ in self.started:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        for log in dict.fromkeys(log for _, log in self.started):
+            print(f"\n--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}",
+                  file=sys.stderr)
+
+
+def wait_for(what: str, check, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout:g} s")
+        time.sleep(0.2)
+    return found
+
+
+def verify(node_id: int, run: VerificationRun | None = None) -> VerificationRun:
+    """The node's run (by default its first), once its probes are in, through the pipeline's
+    steps."""
+    run = run or wait_for("verification run", lambda: VerificationRun.objects.filter(
+        node_id=node_id).first())
+    wait_for("probes answered", lambda: not ProbeJob.objects.filter(
+        run=run, status="pending").exists())
+    wait_for("engine ready", lambda: Node.objects.get(pk=node_id).engine_takes_work
+             and Node.objects.get(pk=node_id).engine_reachable)
+    assert services.run_load_test(run_id=run.pk)
+    assert services.run_evaluate(run_id=run.pk) and services.run_publish(run_id=run.pk)
+    run.refresh_from_db()
+    return run
