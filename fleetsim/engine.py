@@ -126,6 +126,9 @@ class Engine:
             raise ValueError("time_scale must be positive")
         self.profile = profile
         self.time_scale = time_scale
+        # Share of the profile's speed it serves now: 1 until its machine swaps in a slower
+        # engine after it was verified (POST /fleetsim/speed, the simulator's own control).
+        self.speed = 1.0
         self.max_concurrency = max_concurrency or profile.max_concurrency
         self.running: set[Request] = set()
         self.waiting: deque[tuple[Request, asyncio.Future]] = deque()
@@ -212,7 +215,7 @@ class Engine:
             uncached = len(req.prompt_tokens) - req.cached_tokens
             c.prefix_queries += len(req.prompt_tokens)
             c.prefix_hits += req.cached_tokens
-            req.prefill_s = uncached / self.profile.prefill_tps
+            req.prefill_s = uncached / (self.profile.prefill_tps * self.speed)
             await asyncio.sleep(req.prefill_s / self.time_scale)
             c.prompt_tokens += len(req.prompt_tokens)
             c.prompt_seconds += req.prefill_s
@@ -224,7 +227,7 @@ class Engine:
             batch: list[str] = []
             while req.emitted < req.max_tokens:
                 n = len(self.running)
-                step = n / self.profile.aggregate_tps(n)
+                step = n / (self.profile.aggregate_tps(n) * self.speed)
                 due += step / self.time_scale
                 c.decode_seconds += step
                 now = loop.time()

@@ -103,6 +103,7 @@ class EngineServer:
             "/metrics": ("GET", self._metrics),
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/completions": ("POST", self._completions),
+            "/fleetsim/speed": ("POST", self._speed),
         }
         if path not in routes:
             raise BadRequest(404, f"Not found: {path}", type_="not_found_error")
@@ -151,6 +152,15 @@ class EngineServer:
         await _send(send, 200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     # --- generation ---
+
+    async def _speed(self, body, receive, send):
+        """The simulator's control, not an engine's: from now on serve at `factor` of the
+        profile's speed (a machine that swaps in a slower engine after it was verified)."""
+        factor = body.get("factor")
+        if not isinstance(factor, int | float) or not 0 < factor <= 10:
+            raise BadRequest(400, "factor must be a number in (0, 10]")
+        self.engine.speed = float(factor)
+        await _send_json(send, 200, {"speed": self.engine.speed})
 
     async def _chat(self, body, receive, send):
         messages = body.get("messages")
