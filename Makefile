@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c requiremen
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: demo test install install-dev engine chromium check-services lint bench bench-catalog bench-billing \
+.PHONY: demo test install install-dev engine chromium check-services lint bench bench-catalog bench-billing bench-served \
         bench-proxy bench-verification bench-heartbeat bench-routing bench-pool bench-static \
         staticfiles clean
 
@@ -115,6 +115,8 @@ bench: install-dev check-services staticfiles
 	  $(BIN)/python bench/routing.py
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/pool.py
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/served.py
 	$(BIN)/python bench/static_transfer.py
 
 # The catalog page and /api/cards/ at 10 to 100,000 listings: p50/p95 and queries per request;
@@ -157,6 +159,12 @@ bench-routing: install-dev check-services
 bench-pool: install-dev check-services
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/pool.py $(BENCH_ARGS)
+
+# Live figures from served traffic at 1,000 and 10,000 deployments: the request log's writes
+# with their buckets, the minute's refresh, and the pages that show them (queries and time).
+bench-served: install-dev check-services staticfiles
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/served.py $(BENCH_ARGS)
 
 # What a browser downloads to open /api/docs/: bytes sent and Cache-Control per file.
 bench-static: install-dev staticfiles

@@ -25,6 +25,8 @@ app.conf.beat_schedule = {
     "deployments-check-health": {"task": "routing.tasks.deployments_check_health",
                                  "schedule": 10.0},
     "pool-changes-trim": {"task": "routing.tasks.pool_changes_trim", "schedule": 60.0},
+    "served-figures-refresh": {"task": "routing.tasks.served_figures_refresh",
+                               "schedule": 60.0},
     "verification-sweep": {"task": "verification.tasks.verification_sweep", "schedule": 15.0},
     "verification-weekly": {"task": "verification.tasks.verification_weekly",
                             "schedule": 3600.0},

@@ -46,6 +46,15 @@ def card_flagged(*, card: Card, now: datetime | None = None) -> None:
         "its rent page."))
 
 
+def served_slow(*, node, model: str, served_tps: float, verified_tps: float, level: int,
+                streams: int, now: datetime | None = None) -> None:
+    alert_raise(kind=Kind.SERVED_SLOW, node=node, now=now, message=(
+        f"{node.name} served {model} at {served_tps:.1f} tokens/s per stream over {streams} "
+        f"requests, {100 * served_tps / verified_tps:.0f}% of the {verified_tps:.1f} it was "
+        f"verified at ({level} concurrent). It gets less traffic until a verification run, "
+        "started now, measures it again."))
+
+
 def alerts_mark_read(*, owner, now: datetime | None = None) -> int:
     return ProviderAlert.objects.filter(owner=owner, read_at__isnull=True).update(
         read_at=now or timezone.now())

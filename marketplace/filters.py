@@ -31,6 +31,10 @@ SORTS = {
               keyset.Key(F("node_id"), int), CARD_ID, indexed=1),
     **_orders("capacity", keyset.Key(
         keyset.coalesced("verified_tokens_per_s", 0.0, FloatField()), float), CARD_ID),
+    # What its engine served in the last hour, per stream (routing's live figures): a card
+    # without traffic sorts as 0.
+    **_orders("served", keyset.Key(
+        keyset.coalesced("served_tokens_per_s", 0.0, FloatField()), float), CARD_ID),
     # $ per 1M output tokens at full use, kept on the listing (services): a card without a
     # verified figure last going up, first going down; then the listing's card_id, as price.
     **_orders("cost", keyset.Key(keyset.coalesced("listing__cost_per_mtok_micros", UNKNOWN_COST,
@@ -42,6 +46,8 @@ SORT_LABELS = {
     "vram": "VRAM: small to large", "-vram": "VRAM: large to small",
     "reliability": "Reliability: low to high", "-reliability": "Reliability: high to low",
     "capacity": "Verified tok/s: low to high", "-capacity": "Verified tok/s: high to low",
+    "served": "Served tok/s per stream: low to high",
+    "-served": "Served tok/s per stream: high to low",
     "cost": "$ per 1M tokens: low to high", "-cost": "$ per 1M tokens: high to low",
 }
 

@@ -314,6 +314,12 @@ class Card(models.Model):
     # platform measures the machine (docs/agent-protocol.md, `report_power`).
     power_draw_w = models.PositiveIntegerField(null=True, blank=True)
     power_read_at = models.DateTimeField(null=True, blank=True)
+    # Written by routing every minute from the traffic its engine served (routing/traffic.py):
+    # decode tokens/s per stream and TTFT p50 over the last hour, of the model it served most,
+    # and every served model's figures over the last hour and day (`served`: {"models": [...]}).
+    served_tokens_per_s = models.FloatField(null=True, blank=True)
+    served_ttft_ms = models.FloatField(null=True, blank=True)
+    served = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["node_id", "index"]
@@ -324,6 +330,8 @@ class Card(models.Model):
                          name="card_catalog_vram", condition=Q(present=True)),
             models.Index(Coalesce(F("verified_tokens_per_s"), Value(0.0)), F("id"),
                          name="card_catalog_capacity", condition=Q(present=True)),
+            models.Index(Coalesce(F("served_tokens_per_s"), Value(0.0)), F("id"),
+                         name="card_catalog_served", condition=Q(present=True)),
             # The GPU filter (any case), as for Node's region.
             models.Index(Upper("name"), name="card_name_upper"),
         ]
@@ -447,6 +455,7 @@ class ProviderAlert(models.Model):
         NODE_OFFLINE = "node_offline", "machine offline"
         NODE_BACK = "node_back", "machine back online"
         CARD_FLAGGED = "card_flagged", "card flagged by verification"
+        SERVED_SLOW = "served_slow", "serving slower than verified"
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
                               related_name="provider_alerts")

@@ -311,6 +311,22 @@ class VerifiedCapacitySerializer(serializers.Serializer):
                                            help_text="Concurrent requests it was measured at.")
 
 
+class ServedSerializer(serializers.Serializer):
+    tokens_per_s = serializers.FloatField(source="served_tokens_per_s", help_text=(
+        "Decode tokens/s per stream its engine delivered to the platform's traffic in the last "
+        "hour (the model it served most), measured by the platform; what `sort=served` orders "
+        "by."))
+    ttft_p50_ms = serializers.FloatField(source="served_ttft_ms", allow_null=True,
+                                         help_text="Median time to first token, same window.")
+    models = serializers.SerializerMethodField(help_text=(
+        "Every model its engine served in the last day: per window (`hour`, `day`) requests, "
+        "errors, error_pct, tokens_per_s, ttft_p50_ms, ttft_p95_ms, uptime_pct and the same "
+        "per concurrency band (`bands`)."))
+
+    def get_models(self, card) -> list[dict]:
+        return (card.served or {}).get("models", [])
+
+
 class PlatformPriceSerializer(serializers.Serializer):
     model = serializers.CharField(help_text="The public model name the platform's API sells.")
     output_usd_per_mtok = UsdField(source="output_micros_per_mtok", read_only=True,
@@ -347,13 +363,16 @@ class CatalogCardSerializer(serializers.ModelSerializer):
         "What the platform's own API charges per 1M output tokens for the model the card "
         "was measured with (`verified_capacity.model`), to compare with `cost_per_mtok_usd`; "
         "null when the platform does not sell that model (no platform price)."))
+    served = serializers.SerializerMethodField(help_text=(
+        "What the platform's own traffic measured on its engine; null without traffic in the "
+        "last hour."))
 
     class Meta:
         model = Card
         fields = ["id", "gpu_model", "vram_gb", "memory_total_mib", "cards_per_node",
                   "price_per_hour_usd", "cost_per_mtok_usd", "platform_price",
                   "reliability_pct", "region", "verification_status",
-                  "verified_capacity", "reference_spec", "bandwidth_measured_gbs",
+                  "verified_capacity", "served", "reference_spec", "bandwidth_measured_gbs",
                   "bandwidth_spec_gbs", "node_id", "node_name", "host", "compute_capability",
                   "pcie_gen_current", "pcie_gen_max", "pcie_width_current", "pcie_width_max",
                   "nvlink_links", "power_limit_w"]
@@ -363,6 +382,12 @@ class CatalogCardSerializer(serializers.ModelSerializer):
         # The view reads the page's prices at once (selectors.platform_prices).
         price = self.context.get("platform_prices", {}).get(card.verified_model)
         return None if price is None else PlatformPriceSerializer(price).data
+
+    @extend_schema_field(ServedSerializer(allow_null=True))
+    def get_served(self, card) -> dict | None:
+        if card.served_tokens_per_s is None:
+            return None
+        return ServedSerializer(card).data
 
     @extend_schema_field(VerifiedCapacitySerializer(allow_null=True))
     def get_verified_capacity(self, card) -> dict | None:

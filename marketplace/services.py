@@ -865,6 +865,49 @@ def rentals_end_due(*, now: datetime | None = None) -> int:
 
 
 
+SERVED_CHUNK = 1000
+
+
+def cards_served_publish(*, by_node: dict[int, dict]) -> int:
+    """Routing's live figures of each node's engine (`by_node`: {node id: {"tokens_per_s",
+    "ttft_ms", "served"}}) onto its present cards, where the catalog sorts by them and the rent
+    page shows them; cards of any other node lose theirs (no traffic left in the last day).
+    Returns the nodes written. Runs every minute for the whole fleet: on PostgreSQL one UPDATE
+    per SERVED_CHUNK nodes (bulk_update's CASE per row took 2 ms a node, `make bench-served`)."""
+    nodes = sorted(by_node)
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            table = Card._meta.db_table
+            with connection.cursor() as cursor:
+                for i in range(0, len(nodes), SERVED_CHUNK):
+                    chunk = nodes[i:i + SERVED_CHUNK]
+                    values = ", ".join(["(%s::bigint, %s::double precision, "
+                                        "%s::double precision, %s::jsonb)"] * len(chunk))
+                    params = []
+                    for node_id in chunk:
+                        f = by_node[node_id]
+                        params += [node_id, f.get("tokens_per_s"), f.get("ttft_ms"),
+                                   json.dumps(f.get("served") or {})]
+                    cursor.execute(
+                        f"UPDATE {table} AS c SET served_tokens_per_s = v.tps, "
+                        f"served_ttft_ms = v.ttft, served = v.served "
+                        f"FROM (VALUES {values}) AS v(node_id, tps, ttft, served) "
+                        f"WHERE c.node_id = v.node_id AND c.present", params)
+        else:
+            cards = list(Card.objects.filter(node_id__in=nodes, present=True)
+                         .only("pk", "node_id"))
+            for card in cards:
+                figures = by_node[card.node_id]
+                card.served_tokens_per_s = figures.get("tokens_per_s")
+                card.served_ttft_ms = figures.get("ttft_ms")
+                card.served = figures.get("served") or {}
+            Card.objects.bulk_update(cards, ["served_tokens_per_s", "served_ttft_ms",
+                                             "served"])
+        Card.objects.exclude(node_id__in=nodes).exclude(served={}).update(
+            served={}, served_tokens_per_s=None, served_ttft_ms=None)
+    return len(nodes)
+
+
 def card_verification_publish(*, card_id: int, status: str, tokens_per_s: float | None,
                               reference_spec: str, model: str = "",
                               concurrency: int | None = None,

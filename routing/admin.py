@@ -5,7 +5,7 @@ from django.utils.html import format_html
 from billing.admin import ReadOnlyAdmin
 from billing.models import ModelPrice
 from billing.pricing import format_usd_exact
-from routing.models import Deployment, EngineModel, Model, RequestLog
+from routing.models import Deployment, EngineModel, Model, RequestLog, TrafficBucket
 
 
 class EngineModelInline(admin.TabularInline):
@@ -77,7 +77,15 @@ class DeploymentAdmin(admin.ModelAdmin):
 class RequestLogAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "request_id", "endpoint", "model", "deployment_id", "stream",
                     "status", "error_code", "prompt_tokens", "completion_tokens", "estimated",
-                    "ttft_ms", "latency_ms")
+                    "ttft_ms", "latency_ms", "concurrency")
     list_filter = ("status", "endpoint", "stream", "estimated")
     search_fields = ("request_id", "model", "error_code")
     date_hierarchy = "created_at"
+
+
+@admin.register(TrafficBucket)
+class TrafficBucketAdmin(ReadOnlyAdmin):
+    list_display = ("start", "span_s", "deployment_id", "band", "requests", "errors", "streams",
+                    "decode_tokens", "decode_ms")
+    list_filter = ("span_s", "band")
+    date_hierarchy = "start"

@@ -106,6 +106,9 @@ class RequestLog(models.Model):
     estimated = models.BooleanField(default=False)
     ttft_ms = models.FloatField(null=True, blank=True)
     latency_ms = models.FloatField()
+    # Requests in flight to the deployment while this one ran (the most the platform saw),
+    # this one included: the concurrency its speed is judged at (routing/traffic.py).
+    concurrency = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         # A consumer's activity log, newest first, a page at a time (routing.selectors).
@@ -114,3 +117,42 @@ class RequestLog(models.Model):
 
     def __str__(self):
         return f"{self.request_id} {self.status}"
+
+
+class TrafficBucket(models.Model):
+    """What one deployment served in one time bucket (five minutes or an hour) and concurrency
+    band, summed as the request log is written (routing/traffic.py): the live figures are sums
+    of these, never a scan of the request log."""
+
+    deployment_id = models.BigIntegerField()
+    span_s = models.PositiveIntegerField()
+    start = models.DateTimeField()
+    band = models.PositiveIntegerField()  # its lowest concurrency
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    streams = models.PositiveIntegerField(default=0)  # those counted for decode speed and TTFT
+    decode_tokens = models.BigIntegerField(default=0)
+    decode_ms = models.FloatField(default=0)
+    # TTFT histogram: bin i counts the streams within traffic.TTFT_BOUNDS_MS[i] (the last bin:
+    # slower than all of them).
+    ttft_0 = models.PositiveIntegerField(default=0)
+    ttft_1 = models.PositiveIntegerField(default=0)
+    ttft_2 = models.PositiveIntegerField(default=0)
+    ttft_3 = models.PositiveIntegerField(default=0)
+    ttft_4 = models.PositiveIntegerField(default=0)
+    ttft_5 = models.PositiveIntegerField(default=0)
+    ttft_6 = models.PositiveIntegerField(default=0)
+    ttft_7 = models.PositiveIntegerField(default=0)
+    ttft_8 = models.PositiveIntegerField(default=0)
+    ttft_9 = models.PositiveIntegerField(default=0)
+    ttft_10 = models.PositiveIntegerField(default=0)
+    ttft_11 = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["deployment_id", "span_s", "start", "band"],
+                                               name="traffic_bucket_once")]
+        indexes = [models.Index(fields=["span_s", "start"], name="traffic_bucket_window")]
+
+    def __str__(self):
+        return f"deployment {self.deployment_id} at {self.start:%H:%M} band {self.band}"
+

@@ -105,6 +105,16 @@ INFLIGHT: Counter = Counter()  # deployment id -> requests this process is proxy
 PROCESS_ID = uuid.uuid4().hex[:12]
 
 
+def in_flight(deployment_id: int) -> int:
+    """Requests in flight to a deployment from every server process, as this one knows now: the
+    last exchanged load and what this process sent or finished since."""
+    snap = POOL.snapshot
+    own = INFLIGHT.get(deployment_id, 0)
+    if snap is None:
+        return own
+    return max(own, snap.load.get(deployment_id, 0) + own - snap.own_load.get(deployment_id, 0))
+
+
 def load_exchange(own: dict[int, int]) -> dict[int, int]:
     """Publish this process's in-flight counts, read every live process's, sum them."""
     return exchange(own)[0]

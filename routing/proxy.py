@@ -34,6 +34,7 @@ from routing import (
     upstream,
 )
 from routing.pool import INFLIGHT, POOL, PoolUnavailable
+from routing.pool import in_flight as pool_in_flight
 from routing.retry import BREAKER, POLICY
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,17 @@ class Outcome:
     estimated: bool = False
     ttft_s: float | None = None
     affinity: str = balancer.NEW  # hit, spill or new (routing/balancer.py)
+    # Requests in flight to its worker while it ran, itself included: the most seen when it
+    # was sent and when it ended (routing/traffic.py judges its speed at this concurrency).
+    concurrency: int | None = None
+
+    def in_flight(self) -> None:
+        if self.worker is not None:
+            now = pool_in_flight(self.worker.deployment_id)
+            self.concurrency = max(self.concurrency or 0, now)
 
     def finish(self) -> None:
+        self.in_flight()
         latency = time.perf_counter() - self.started
         metrics.observe(self, latency)
         requestlog.add(self, latency)
@@ -285,6 +295,8 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
         body = openai.upstream_body(request, engine_model=worker.engine_model,
                                     max_tokens=max_tokens)
         INFLIGHT[worker.deployment_id] += 1
+        outcome.concurrency = None
+        outcome.in_flight()
         handed_over = False
         attempt = None  # what to stop if the request ends here: a task or an engine's stream
         try:

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.utils import DataError, IntegrityError
 from django.utils import timezone
 
+from routing import served
 from routing.models import RequestLog
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def add(outcome, latency_s: float) -> None:
         attempts=outcome.attempts, prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens, estimated=outcome.estimated,
         ttft_ms=None if outcome.ttft_s is None else round(outcome.ttft_s * 1000, 3),
-        latency_ms=round(latency_s * 1000, 3)))
+        latency_ms=round(latency_s * 1000, 3), concurrency=outcome.concurrency))
     loop = asyncio.get_running_loop()
     wake = _wake.get(loop)
     if wake is None or wake[1].done():
@@ -58,12 +59,15 @@ def _text(value: str, limit: int) -> str:
 
 
 def write(rows: list[dict]) -> None:
-    """One INSERT for the batch; if the database refuses a row of it, each row on its own, so a
-    bad row never costs the others theirs. A database that is away fails the whole batch."""
+    """One INSERT for the batch, and what it adds to its deployments' live figures
+    (routing/served.py), in one transaction; if the database refuses a row of it, each row on
+    its own, so a bad row never costs the others theirs. A database that is away fails the
+    whole batch."""
     try:
         with transaction.atomic():
             RequestLog.objects.bulk_create([RequestLog(**row) for row in rows],
                                            batch_size=BATCH)
+            served.traffic_record(rows)
         return
     except (DataError, IntegrityError):
         pass
@@ -71,6 +75,7 @@ def write(rows: list[dict]) -> None:
         try:
             with transaction.atomic():
                 RequestLog.objects.create(**row)
+                served.traffic_record([row])
         except (DataError, IntegrityError) as exc:
             log.error("request log: row %s not written: %s", row.get("request_id"), exc)
 

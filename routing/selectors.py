@@ -115,6 +115,9 @@ class ModelOffer:
     workers: int  # verified workers serving it now
     capacity_tps: float  # their verified output tokens/s under load, summed
     available: bool  # some worker in the pool may serve it now (a renter's own included)
+    # What the platform's traffic measured on it ({"hour": figures, "day": figures},
+    # routing/traffic.py), None without traffic in the last day.
+    served: dict | None = None
 
     @property
     def context_length(self) -> int:
@@ -123,8 +126,10 @@ class ModelOffer:
         return self.served_context or self.model_context
 
 
-def model_offers(snap: pool.Snapshot, now: datetime | None = None) -> list[ModelOffer]:
-    """Every model with a price in force now, by name. No query: the snapshot holds it all."""
+def model_offers(snap: pool.Snapshot, now: datetime | None = None,
+                 served: dict | None = None) -> list[ModelOffer]:
+    """Every model with a price in force now, by name, with its live figures where `served`
+    (served.model_figures) has them. No query: the snapshot holds the rest."""
     now = now or timezone.now()
     offers = []
     for name, entry in sorted(snap.models.items()):
@@ -140,7 +145,7 @@ def model_offers(snap: pool.Snapshot, now: datetime | None = None) -> list[Model
             output_micros_per_mtok=price.output_per_mtok, model_context=entry.context_length,
             served_context=int(contexts.max()) if len(contexts) else None,
             workers=int(shared.sum()), capacity_tps=float(fleet.cols["capacity"][shared].sum()),
-            available=bool(len(fleet))))
+            available=bool(len(fleet)), served=(served or {}).get(name)))
     return offers
 
 

@@ -13,3 +13,10 @@ def pool_changes_trim():
     from routing import changes
 
     return changes.trim()
+
+
+@shared_task
+def served_figures_refresh():
+    from routing import served
+
+    return served.served_figures_refresh()

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET
 from accounts import security
 from billing.pricing import micros_to_usd, usd_per_token
 from config.spreadsheet import Echo, text_cell
-from routing import errors, metrics, proxy, selectors
+from routing import errors, metrics, proxy, selectors, served
 from routing.forms import ActivityFilterForm, cursor_text
 from routing.models import Model
 from routing.pool import POOL, PoolUnavailable
@@ -50,8 +50,8 @@ async def models(request):
     snap = await _pool_for_get(request)
     if isinstance(snap, HttpResponse):
         return snap
-    return JsonResponse({"object": "list",
-                         "data": [_model(offer) for offer in selectors.model_offers(snap)]})
+    offers = selectors.model_offers(snap, served=await served.model_figures())
+    return JsonResponse({"object": "list", "data": [_model(offer) for offer in offers]})
 
 
 @csrf_exempt
@@ -60,7 +60,8 @@ async def model(request, model_id: str):
     snap = await _pool_for_get(request)
     if isinstance(snap, HttpResponse):
         return snap
-    found = next((o for o in selectors.model_offers(snap) if o.name == model_id), None)
+    found = next((o for o in selectors.model_offers(snap, served=await served.model_figures())
+                  if o.name == model_id), None)
     if found is None:
         return proxy.error_response(errors.NotFound(
             f"The model '{model_id}' does not exist.", "model",
@@ -83,7 +84,9 @@ def _model(offer: selectors.ModelOffer) -> dict:
                 else "model",
                 "model_context_length": offer.model_context,
                 "verified_workers": offer.workers,
-                "verified_tokens_per_s": round(offer.capacity_tps)}}
+                "verified_tokens_per_s": round(offer.capacity_tps),
+                # What the platform's traffic measured, per window: routing/traffic.py.
+                "served": offer.served}}
 
 
 async def _inference(request, endpoint: str):
@@ -155,7 +158,8 @@ async def models_page(request):
     """Public: every model the platform serves, its price, and the verified fleet serving it
     now, from this process's pool snapshot (the one /v1 places requests with): no query."""
     try:
-        offers = selectors.model_offers(await POOL.current())
+        offers = selectors.model_offers(await POOL.current(),
+                                        served=await served.model_figures())
     except PoolUnavailable:
         offers = None
     return await sync_to_async(render)(

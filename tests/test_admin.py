@@ -44,7 +44,8 @@ def test_what_heartbeats_and_runs_write_cannot_be_hand_added_or_edited(client):
     client.force_login(operator)
     for label in ("marketplace.Card", "marketplace.Node", "marketplace.NodeStatusChange",
                   "marketplace.NodeUptimeHour", "verification.Finding",
-                  "verification.Measurement", "verification.VerifiedCapacity"):
+                  "verification.Measurement", "verification.VerifiedCapacity",
+                  "verification.ServedDrift", "routing.TrafficBucket"):
         meta = apps.get_model(label)._meta
         url = f"/admin/{meta.app_label}/{meta.model_name}/"
         assert client.get(url + "add/").status_code == 403, label

@@ -7,6 +7,7 @@ from verification.models import (
     GpuSpec,
     Measurement,
     ProbeJob,
+    ServedDrift,
     VerificationRun,
     VerifiedCapacity,
 )
@@ -71,3 +72,11 @@ class FindingAdmin(ReadOnlyAdmin):
 class VerifiedCapacityAdmin(ReadOnlyAdmin):
     list_display = ("card", "model", "tokens_per_s", "concurrency", "measured_at")
     list_select_related = ("card",)
+
+
+@admin.register(ServedDrift)
+class ServedDriftAdmin(ReadOnlyAdmin):
+    list_display = ("opened_at", "node", "model", "band_label", "served_tps", "verified_tps",
+                    "streams", "outcome", "run", "closed_at")
+    list_filter = ("outcome",)
+    list_select_related = ("node", "run")

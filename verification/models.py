@@ -65,6 +65,7 @@ class VerificationRun(models.Model):
         PROVIDER = "provider", "requested by the provider"
         OPERATOR = "operator", "requested by an operator"
         RESTART = "restart", "restarted after a timeout"
+        SERVED_TRAFFIC = "served_traffic", "served traffic slower than verified"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="verification_runs")
     trigger = models.CharField(max_length=20, choices=Trigger.choices)
@@ -212,3 +213,46 @@ class VerifiedCapacity(models.Model):
 
     def __str__(self):
         return f"{self.card}: {self.tokens_per_s:.0f} tok/s of {self.model}"
+
+
+class ServedDrift(models.Model):
+    """An episode of a node's engine serving the platform's traffic far below the speed it was
+    verified at (routing/drift.py): routing weighs it by what it served, a run checks it, and the
+    run's verdict closes it (confirmed: the card is flagged with these figures; cleared: the
+    run's figure stands and the episode stays in the card's history)."""
+
+    class Outcome(models.TextChoices):
+        OPEN = "open", "being checked"
+        CONFIRMED = "confirmed"
+        CLEARED = "cleared", "not confirmed by the run"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="served_drifts")
+    model = models.CharField(max_length=200)  # the engine model id that served the traffic
+    deployment_id = models.BigIntegerField()
+    # The concurrency band of the traffic (its lowest concurrency) and the verified level it was
+    # compared with (the band's highest concurrency, where each stream is slowest).
+    band = models.PositiveIntegerField()
+    band_label = models.CharField(max_length=16)  # "2-8"
+    level = models.PositiveIntegerField()
+    served_tps = models.FloatField()  # decode tokens/s per stream, as served
+    verified_tps = models.FloatField()  # per stream at `level`, as verified
+    streams = models.PositiveIntegerField()
+    window_start = models.DateTimeField()
+    opened_at = models.DateTimeField(default=timezone.now)
+    run = models.ForeignKey(VerificationRun, null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="served_drifts")
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.OPEN)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    note = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-opened_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["node"], condition=Q(outcome="open"),
+                                               name="served_drift_one_open_per_node")]
+
+    def __str__(self):
+        return f"node {self.node_id}: {self.served_tps:.1f} of {self.verified_tps:.1f} tok/s"
+
+    @property
+    def ratio(self) -> float:
+        return self.served_tps / self.verified_tps if self.verified_tps else 0.0

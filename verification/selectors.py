@@ -2,7 +2,13 @@
 
 from billing import charts
 from verification import evaluate as ev
-from verification.models import Finding, GpuSpec, VerificationRun
+from verification.models import (
+    Finding,
+    GpuSpec,
+    Measurement,
+    VerificationRun,
+    VerifiedCapacity,
+)
 
 _ORDER = ("mismatch", "warning", "ok", "not_measured")
 # What the plot's circles stand for, by the serving finding's basis.
@@ -73,3 +79,20 @@ def judged_against(finding) -> dict:
             for level, row in sorted(levels.items(), key=lambda item: int(item[0]))]
     return {"metric": finding.metric, "severity": finding.severity, "basis": finding.basis,
             "columns": [name for _, name in shown], "rows": rows}
+
+
+def verified_speeds(node_ids) -> dict[tuple[int, str], dict[int, float]]:
+    """{(node, model): {concurrency: output tokens/s}} of the run each node's verified capacity
+    comes from: what its served traffic is compared with (routing/drift.py)."""
+    runs = {}
+    for node_id, model, run_id in (VerifiedCapacity.objects.filter(card__node_id__in=node_ids)
+                                   .values_list("card__node_id", "model", "run_id")):
+        runs[(node_id, model)] = run_id
+    levels: dict[int, dict[int, float]] = {}
+    for run_id, metric, value in Measurement.objects.filter(
+            run_id__in=set(runs.values()), card__isnull=True,
+            metric__startswith="tps@").values_list("run_id", "metric", "value"):
+        level = metric.removeprefix("tps@")
+        if level.isdigit() and value:
+            levels.setdefault(run_id, {})[int(level)] = value
+    return {key: levels[run_id] for key, run_id in runs.items() if run_id in levels}

@@ -25,21 +25,23 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from agent.probes import DEFAULT_PARAMS as PROBE_PARAMS
-from marketplace import engine_keys
+from marketplace import alerts, engine_keys
 from marketplace import services as marketplace
 from marketplace.models import Card, Node, Rental, UuidConflict
 from verification import evaluate as ev
 from verification import evidence, loadtest
 from verification import yardstick as ys
+from verification.findings import THRESHOLDS
 from verification.models import (
     Finding,
     GpuSpec,
     Measurement,
     ProbeJob,
+    ServedDrift,
     VerificationRun,
     VerifiedCapacity,
 )
@@ -524,6 +526,9 @@ def _judge(run: VerificationRun) -> list[Finding]:
                 **serving)
             rows += [Finding(run=run, card=card, **asdict(f))
                      for f in ev.evaluate(facts, spec, specs)]
+        served = _served_finding(run, node_level, [r for r in rows if r.metric == "serving"])
+        if served is not None:
+            rows += [Finding(run=run, card=card, **asdict(served)) for card in cards]
         return Finding.objects.bulk_create(rows)
 
 
@@ -570,8 +575,112 @@ def run_publish(*, run_id: int) -> bool:
                     defaults={"tokens_per_s": share, "run": run, "measured_at": now,
                               "routing_tps": routing_capacity(routed.get(card.pk), share)})
         _publish_verdicts(run, cards, list(run.findings.all()), share_of=total)
+        _served_drift_close(run, now)
     peers_rejudge(run_id=run.pk)
     return True
+
+
+# --- served traffic slower than verified --------------------------------------------------------
+
+# Episodes cleared by runs within this long before a new one: a machine slow whenever it is not
+# being measured, fast whenever it is. At CLEARED_TO_CONFIRM, the run's verdict is "confirmed".
+INTERMITTENT_WINDOW = timedelta(days=1)
+CLEARED_TO_CONFIRM = 2
+# After an episode closes, the traffic that opens the next is wholly after it.
+DRIFT_QUIET = timedelta(minutes=10)
+
+
+def served_drift_open(*, node_id: int, deployment_id: int, model: str, band: int,
+                      band_label: str, level: int, served_tps: float, verified_tps: float,
+                      streams: int, window_start: datetime,
+                      now: datetime | None = None) -> ServedDrift | None:
+    """A node's engine serves far below its verified speed (routing/drift.py): routing weighs
+    it by what it serves from now on, a verification run starts, and its provider is told. None
+    where an episode is open for the node already, or one closed too recently to judge traffic
+    after it."""
+    now = now or timezone.now()
+    if ServedDrift.objects.filter(node_id=node_id).filter(
+            Q(outcome=ServedDrift.Outcome.OPEN) | Q(closed_at__gt=now - DRIFT_QUIET)).exists():
+        return None
+    try:
+        with transaction.atomic():
+            drift = ServedDrift.objects.create(
+                node_id=node_id, deployment_id=deployment_id, model=model, band=band,
+                band_label=band_label, level=level, served_tps=served_tps, verified_tps=verified_tps, streams=streams,
+                window_start=window_start, opened_at=now)
+            share = served_tps / verified_tps
+            for capacity in VerifiedCapacity.objects.select_for_update().filter(
+                    card__node_id=node_id, model=model):
+                capacity.routing_tps = capacity.tokens_per_s * share
+                capacity.save(update_fields=["routing_tps"])
+            node = Node.objects.get(pk=node_id)
+            alerts.served_slow(node=node, model=model, served_tps=served_tps,
+                               verified_tps=verified_tps, level=level, streams=streams, now=now)
+    except IntegrityError:  # another refresh opened it first
+        return None
+    run = run_start(node_id=node_id, trigger=VerificationRun.Trigger.SERVED_TRAFFIC, now=now)
+    ServedDrift.objects.filter(pk=drift.pk).update(run=run)
+    drift.run = run
+    return drift
+
+
+def _served_finding(run: VerificationRun, node_level: dict, serving: list) -> ev.Finding | None:
+    """The finding on served traffic of a run an episode started: confirmed (a mismatch: the
+    card is flagged with the served figures) when the run measured the same slowness itself,
+    when its serving was judged a mismatch, or when runs cleared CLEARED_TO_CONFIRM episodes of
+    the node within INTERMITTENT_WINDOW already; else a warning that stays in its history."""
+    drift = ServedDrift.objects.filter(run=run).first()
+    if drift is None:
+        return None
+    measured = node_level.get(f"tps@{drift.level}")
+    run_tps = measured.value / drift.level if measured and measured.value else None
+    cleared = ServedDrift.objects.filter(
+        node_id=run.node_id, outcome=ServedDrift.Outcome.CLEARED,
+        closed_at__gt=drift.opened_at - INTERMITTENT_WINDOW).exclude(pk=drift.pk).count()
+    low, _ = THRESHOLDS["serving"]
+    if run_tps is not None and run_tps < low * drift.verified_tps:
+        why = (f"the run measured {run_tps:.1f} tok/s per stream at {drift.level} concurrent "
+               f"itself, {100 * run_tps / drift.verified_tps:.0f}% of the verified speed")
+    elif any(f.severity == ev.MISMATCH for f in serving):
+        why = "the run judged its serving a mismatch"
+    elif cleared >= CLEARED_TO_CONFIRM:
+        why = (f"runs measured it at full speed {cleared} times in a day while its served "
+               "traffic was slow each time: it serves slower whenever it is not being verified")
+    else:
+        why = ""
+    severity = ev.MISMATCH if why else ev.WARNING
+    measured_text = f"{drift.served_tps:.1f} tok/s per stream"
+    message = (f"Served traffic: {measured_text} over {drift.streams} requests at "
+               f"{drift.band_label} concurrent, {100 * drift.ratio:.0f}% of the "
+               f"{drift.verified_tps:.1f} verified at {drift.level}. ")
+    message += (f"Confirmed: {why}." if why else
+                "Not confirmed: the run measured it at its verified speed"
+                + (f" ({run_tps:.1f} tok/s per stream)" if run_tps else "")
+                + "; the run's figure stands.")
+    return ev.Finding("served", severity, "", f"{drift.verified_tps:.1f} tok/s per stream",
+                      measured_text, message[:500], basis="served",
+                      details={"drift": drift.pk, "band": drift.band, "level": drift.level,
+                               "streams": drift.streams, "run_tps": run_tps,
+                               "window_start": drift.window_start.isoformat()})
+
+
+def _served_drift_close(run: VerificationRun, now: datetime) -> None:
+    finding = run.findings.filter(metric="served").first()
+    outcome = (ServedDrift.Outcome.CONFIRMED if finding and finding.severity == ev.MISMATCH
+               else ServedDrift.Outcome.CLEARED)
+    ServedDrift.objects.filter(run=run, outcome=ServedDrift.Outcome.OPEN).update(
+        outcome=outcome, closed_at=now, note=(finding.message if finding else
+                                              "the run measured nothing to compare")[:300])
+
+
+def served_drifts_close_orphaned(*, now: datetime | None = None) -> int:
+    """Episodes whose run ended without publishing (failed, timed out, removed): closed as not
+    confirmed, so that the next slow traffic opens a new one."""
+    now = now or timezone.now()
+    return ServedDrift.objects.filter(outcome=ServedDrift.Outcome.OPEN).exclude(
+        run__status__in=VerificationRun.ACTIVE).exclude(run__status=Status.DONE).update(
+        outcome=ServedDrift.Outcome.CLEARED, closed_at=now,
+        note="its run ended before it measured the machine")
 
 
 # A re-measurement within this fraction of what routing uses leaves routing's weight alone.

@@ -58,7 +58,8 @@ def verification_sweep() -> int:
     resumed = services.runs_resume_stale()
     for run_id, step in resumed:
         pipeline(run_id, step).apply_async()
-    return len(resumed) + len(services.runs_time_out_stale())
+    return (len(resumed) + len(services.runs_time_out_stale())
+            + services.served_drifts_close_orphaned())
 
 
 @shared_task(acks_late=True)

@@ -38,10 +38,12 @@ class Page:
 
 
 PAGES = [
-    Page("/", None, ("verified_card", "flagged_card"), screenshot="catalog"),
+    Page("/", None, ("verified_card", "flagged_card", "worker", "served_traffic"),
+         screenshot="catalog"),
     Page("/?min_vram_gb=lots", None, ids="catalog with a refused filter"),
     Page("/cards/{verified_card}/", None, ("verified_card",)),
-    Page("/cards/{verified_card}/", "alice", ("verified_card",)),
+    Page("/cards/{verified_card}/", "alice", ("verified_card", "worker", "served_traffic"),
+         screenshot="rent-page-served", ids="a card's rent page with its live figures"),
     Page("/cards/{flagged_card}/", "alice", ("flagged_card",),
          screenshot="verification-flagged"),
     Page("/accounts/login/"),
@@ -54,8 +56,8 @@ PAGES = [
     Page("/billing/transactions/", "alice", ("receipt",)),
     Page("/billing/payments/{receipt}/", "alice", ("receipt",)),
     Page("/billing/test-gateway/{payment_to_confirm}/", "alice", ("payment_to_confirm",)),
-    Page("/provider/", "bob", ("verified_card", "flagged_card", "alerts"),
-         screenshot="provider"),
+    Page("/provider/", "bob", ("verified_card", "flagged_card", "alerts", "worker",
+                               "served_traffic"), screenshot="provider"),
     Page("/provider/alerts/", "bob", ("verified_card", "flagged_card", "alerts")),
     Page("/provider/", "bob", click="#add-machine", ids="add machine as bob"),
     Page("/provider/machines/{node}/", "bob", ("verified_card",)),
@@ -79,7 +81,7 @@ PAGES = [
     Page("/accounts/sessions/", "alice"),
     Page("/accounts/close/", "alice", ("receipt",)),
     Page("/staff/pool/", "staff", ("worker",)),
-    Page("/models/", None, ("worker", "model_price"), screenshot="models"),
+    Page("/models/", None, ("worker", "model_price", "served_traffic"), screenshot="models"),
     Page("/tools/vram?model=Qwen%2FQwen3.5-27B&context=262144&quant=bf16", None,
          ("verified_card",), ids="what fits"),
     Page("/tools/vram?model=Qwen%2FQwen3.5-27B&context=999999", None,
@@ -229,6 +231,28 @@ def _activity(users, made):
     return key.pk
 
 
+def _served_traffic(users, made):
+    """An hour and a day of traffic served by the worker (its card: the verified card), as the
+    request log writes it, and the minute's refresh of the live figures."""
+    from routing import requestlog, served
+
+    now = timezone.now()
+    rows = []
+    for i in range(240):
+        concurrency = (1, 6, 20)[i % 3]
+        decode_s = 100 / (60.0, 52.0, 38.0)[i % 3]
+        ttft_ms = (180.0, 260.0, 640.0)[i % 3] + (i % 7) * 20
+        rows.append(dict(
+            request_id=f"served-{i}", created_at=now - timedelta(minutes=(i * 5) % 1400),
+            endpoint="chat", model="qwen3-27b", deployment_id=made["worker"], stream=True,
+            status=502 if i % 97 == 5 else 200, attempts=1, prompt_tokens=900,
+            completion_tokens=101, ttft_ms=ttft_ms, latency_ms=ttft_ms + decode_s * 1000,
+            concurrency=concurrency))
+    requestlog.write(rows)
+    served.served_figures_refresh()
+    return made["worker"]
+
+
 def _alerts(users, made):
     """bob's flagged card and a machine of his that went offline and came back."""
     from marketplace import alerts
@@ -328,6 +352,7 @@ DATA = {
     "model_price": _model_price,
     "activity": _activity,
     "alerts": _alerts,
+    "served_traffic": _served_traffic,
     "payout_destination": _payout_destination,
     "engine_node": _engine_node,
     "owned_fleet": _owned_fleet,
@@ -470,3 +495,29 @@ def test_a_weak_password_shows_under_the_password_field(page, live_server):
     password = page.locator("label[for=id_password1]").bounding_box()
     confirmation = page.locator("label[for=id_password2]").bounding_box()
     assert password["y"] < error["y"] < confirmation["y"]
+
+
+def test_a_renter_sorts_by_served_speed_and_a_provider_opens_the_figures(page, live_server,
+                                                                         users):
+    made = make_data(Page("", needs=("verified_card", "flagged_card", "worker",
+                                     "served_traffic")), users)
+    page.goto("/")
+    page.get_by_label("Sort").select_option("-served")
+    page.get_by_role("button", name="Apply").click()
+    page.wait_for_url("**sort=-served**")
+    first = page.locator("table.catalog tbody tr").first
+    assert first.get_attribute("data-card") == str(made["verified_card"])
+    assert "tok/s per stream" in first.locator("td.served").inner_text()
+    page.locator(f"tr[data-card='{made['verified_card']}'] td.gpu a").click()
+    served = page.locator("#served")
+    assert served.locator("tr.window-total[data-window='hour']").is_visible()
+    bands = served.locator("tr.band[data-window='hour'] td:nth-child(2)").all_inner_texts()
+    assert bands == ["1", "2\u20138", "9\u201332"]
+
+    log_in(page, live_server, users["bob"])
+    page.goto("/provider/")
+    details = page.locator("details.served-details[data-node]").filter(
+        has_text="tok/s per stream")
+    assert not details.locator("table.served").is_visible()
+    details.locator("summary").click()
+    assert details.locator("table.served").is_visible()

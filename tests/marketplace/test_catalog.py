@@ -160,7 +160,8 @@ def test_catalog_paginates_by_cursor_both_ways(client):
 
 
 @pytest.mark.parametrize("sort", ["price", "-price", "vram", "-vram", "reliability",
-                                  "-reliability", "capacity", "-capacity"])
+                                  "-reliability", "capacity", "-capacity", "served",
+                                  "-served"])
 def test_cursor_pages_walk_every_card_once_in_order_despite_ties(client, sort):
     """Prices, sizes and reliabilities repeat, and half the cards have no capacity: the
     id tie-break still gives every card exactly one place, forwards and backwards."""
@@ -168,6 +169,7 @@ def test_cursor_pages_walk_every_card_once_in_order_despite_ties(client, sort):
     for i in range(60):
         listed_card(node=nodes[i % 9], memory_total_mib=[24564, 32768][i % 2],
                     verified_tokens_per_s=[None, 800.0, 1200.0][i % 3],
+                    served_tokens_per_s=[41.5, None, 41.5, 60.0][i % 4],
                     listing__price_per_hour_micros=[400_000, 900_000, 400_000][i % 3])
     expected = ids(client.get("/api/cards/", {"sort": sort}))  # one API page: 50 cards
     walked, cursor, pages = [], None, []

@@ -2,6 +2,7 @@ import pytest
 from django.apps import apps
 from django.contrib import admin
 
+from routing import requestlog
 from routing.models import Deployment, EngineModel, Model, RequestLog
 from tests.factories import NodeFactory, UserFactory
 
@@ -17,11 +18,16 @@ def operator(client):
 def test_every_routing_model_has_an_admin_whose_pages_load(operator, bob):
     model = Model.objects.create(name="qwen3-27b", context_length=32_768)
     EngineModel.objects.create(engine_model_id="Qwen/Qwen3-27B", model=model)
-    Deployment.objects.create(node=NodeFactory(owner=bob), engine_model_id="Qwen/Qwen3-27B")
+    deployment = Deployment.objects.create(node=NodeFactory(owner=bob),
+                                           engine_model_id="Qwen/Qwen3-27B")
     from django.utils import timezone
 
-    RequestLog.objects.create(request_id="req-1", created_at=timezone.now(), endpoint="chat",
-                              status=200, latency_ms=1.0)
+    # As the proxy's log writer writes it: the row, and its deployment's traffic buckets.
+    requestlog.write([dict(request_id="req-1", created_at=timezone.now(), endpoint="chat",
+                           model="qwen3-27b", deployment_id=deployment.pk, stream=True,
+                           status=200, attempts=1, prompt_tokens=9, completion_tokens=40,
+                           estimated=False, ttft_ms=90.0, latency_ms=900.0, concurrency=1)])
+    assert RequestLog.objects.count() == 1
     for row in apps.get_app_config("routing").get_models():
         assert row in admin.site._registry, f"{row.__name__} has no admin"
         url = f"/admin/routing/{row._meta.model_name}/"

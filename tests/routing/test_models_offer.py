@@ -55,7 +55,8 @@ def test_v1_models_gives_price_context_and_verified_capacity_through_the_sdk(v1,
     assert found.x_rigshare == {
         "description": "", "context_length_basis": "verified_workers",
         "model_context_length": 32_768, "verified_workers": 2,
-        "verified_tokens_per_s": 1_342}  # 1,000 + 342.5, rounded
+        "verified_tokens_per_s": 1_342,  # 1,000 + 342.5, rounded
+        "served": None}  # no traffic yet (test_served_figures: with it)
     assert found.available is True
     assert sdk(v1, carol_key).models.retrieve(MODEL).model_dump() == found.model_dump()
 
@@ -84,7 +85,7 @@ def test_over_plain_http_a_model_nobody_verified_serves_says_so(v1, carol_key, d
         "pricing": {"prompt": "0.0000015", "completion": "0.000015"},
         "x_rigshare": {"description": "Served when a verified machine comes back.",
                        "context_length_basis": "model", "model_context_length": 8_192,
-                       "verified_workers": 0, "verified_tokens_per_s": 0}}
+                       "verified_workers": 0, "verified_tokens_per_s": 0, "served": None}}
     # A worker whose context is below the model's figure: what it holds is what is said.
     served = httpx.get(f"{v1}/models/{MODEL}", headers=auth).json()
     assert (served["context_length"], served["x_rigshare"]["verified_tokens_per_s"]) == (
