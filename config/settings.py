@@ -9,6 +9,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 from config.env import env_bool, env_int, env_list, env_str
 
@@ -135,6 +136,12 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
+# Load tests wait on the network for a minute or more: they have a queue of their own, for
+# workers that run many at once (`--pool threads`, docs/operations.md), so that the short
+# steps (evaluation, publication, the schedule's tasks) never wait behind them. A worker
+# started without -Q takes both.
+CELERY_TASK_QUEUES = (Queue("celery"), Queue("verification.load"))
+CELERY_TASK_ROUTES = {"verification.tasks.verification_load_test": {"queue": "verification.load"}}
 
 AUTH_USER_MODEL = "accounts.User"
 # django-axes counts failed log-ins per (email, address) and locks that pair out for a while;

@@ -90,6 +90,9 @@ class VerificationRun(models.Model):
     yardstick_note = models.CharField(max_length=300, blank=True)
     # Times a step was taken up again after the worker doing it died (services.STEP_STALE).
     resumed = models.PositiveSmallIntegerField(default=0)
+    # A worker is doing a step now (it stamps updated_at as it goes); false while the run waits
+    # for its next step's task, however long the queue: only a running step can go stale.
+    step_running = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

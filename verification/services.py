@@ -7,10 +7,13 @@ Each step claims its run with a compare-and-set on the status, so a step retried
 or run twice by two workers does its work once; measurements and findings are unique per
 (run, card, metric), so a repeated step overwrites instead of duplicating.
 
-A step in progress stamps `updated_at` at least every TOUCH_EVERY_S. A step whose stamp is older
-than STEP_STALE was left by a worker that died: the same task redelivered by Celery (acks_late,
-reject_on_worker_lost) or queued again by the sweep (`runs_resume_stale`, every 15 s) takes it
-up, at most MAX_RESUMES times.
+A step in progress (`step_running`) stamps `updated_at` at least every TOUCH_EVERY_S. A running
+step whose stamp is older than STEP_STALE was left by a worker that died: the same task
+redelivered by Celery (acks_late, reject_on_worker_lost) or queued again by the sweep
+(`runs_resume_stale`, every 15 s) takes it up, at most MAX_RESUMES times. Staleness counts from
+when a step started, never from when it was queued: a run whose step is done waits for its next
+step's task as long as the queue takes (behind a burst of load tests), and is queued again after
+REQUEUE_AFTER in case the message was lost (`runs_requeue_waiting`).
 """
 
 import asyncio
@@ -49,7 +52,11 @@ from verification.models import (
 Status = VerificationRun.Status
 PROVIDER_COOLDOWN = timedelta(hours=1)
 STALE_AFTER = timedelta(minutes=20)  # no progress for this long: the run is timed out
-STEP_STALE = timedelta(seconds=45)  # a step not stamped for this long lost its worker
+STEP_STALE = timedelta(seconds=45)  # a running step not stamped for this long lost its worker
+# A run waiting this long for its next step's task is queued again (a message lost); beyond
+# WAITING_LIMIT it is timed out.
+REQUEUE_AFTER = timedelta(minutes=5)
+WAITING_LIMIT = timedelta(hours=2)
 TOUCH_EVERY_S = 10.0
 MAX_RESUMES = 3
 WEEKLY = timedelta(days=7)
@@ -178,12 +185,21 @@ def _claim(run_id: int, before: str, after: str, detail: str, pct: int) -> bool:
     died (no stamp for STEP_STALE); False when another worker has it."""
     now = timezone.now()
     if VerificationRun.objects.filter(pk=run_id, status=before).update(
-            status=after, step_detail=detail, progress_pct=pct, updated_at=now):
+            status=after, step_detail=detail, progress_pct=pct, updated_at=now,
+            step_running=True):
         return True
     return bool(VerificationRun.objects.filter(
-        pk=run_id, status=after, updated_at__lt=now - STEP_STALE, resumed__lt=MAX_RESUMES,
+        pk=run_id, status=after, step_running=True, updated_at__lt=now - STEP_STALE,
+        resumed__lt=MAX_RESUMES,
     ).update(step_detail=f"{detail} (taken up again)", progress_pct=pct, updated_at=now,
              resumed=F("resumed") + 1))
+
+
+def _step_done(run: VerificationRun, detail: str, pct: int) -> None:
+    """The step is over: the run waits for its next step's task, which no queue makes stale."""
+    VerificationRun.objects.filter(pk=run.pk).update(
+        step_detail=detail[:200], progress_pct=pct, updated_at=timezone.now(),
+        step_running=False)
 
 
 def runs_ready_for_load_test() -> list[int]:
@@ -206,7 +222,7 @@ def run_load_test(*, run_id: int) -> bool:
         why = ("the machine is offline" if not node.is_online else node.engine_error
                if node.engine_error.startswith("refused:") else "the engine was not reachable")
         VerificationRun.objects.filter(pk=run.pk).update(error=f"no load test: {why}"[:500])
-        _progress(run, f"no load test: {why}", 80)
+        _step_done(run, f"no load test: {why}", 80)
         return True
 
     # The GPUs' power draw comes with the agent's heartbeats: the idle draw before the first
@@ -222,8 +238,8 @@ def run_load_test(*, run_id: int) -> bool:
             power=power, between=(35, 60))
     except Exception as exc:  # an engine that breaks under load: a finding, no crash
         VerificationRun.objects.filter(pk=run.pk).update(
-            error=f"load test: {exc}"[:500], updated_at=timezone.now(),
-            served=served.get("__node__", {}))
+            error=f"load test: {exc}"[:500], served=served.get("__node__", {}))
+        _step_done(run, f"load test failed: {exc}", 80)
         return True
     for level in result.levels:
         details = asdict(level)
@@ -246,7 +262,7 @@ def run_load_test(*, run_id: int) -> bool:
         served=served.get(result.model) or served.get("__node__", {}))
     run.refresh_from_db()
     _yardstick(run)
-    _progress(run, "load test done", 80)
+    _step_done(run, "load test done", 80)
     return True
 
 
@@ -490,7 +506,7 @@ def run_evaluate(*, run_id: int) -> bool:
         return False
     run = VerificationRun.objects.select_related("node").get(pk=run_id)
     _judge(run)
-    _progress(run, "evaluated", 95)
+    _step_done(run, "evaluated", 95)
     return True
 
 
@@ -559,7 +575,7 @@ def run_publish(*, run_id: int) -> bool:
     with transaction.atomic():
         if not VerificationRun.objects.filter(pk=run_id, status=Status.EVALUATING).update(
                 status=Status.DONE, progress_pct=100, step_detail="done", finished_at=now,
-                updated_at=now):
+                updated_at=now, step_running=False):
             return False
         run = VerificationRun.objects.select_related("node").get(pk=run_id)
         total = run.measurements.filter(card__isnull=True, metric="tps@32").first()
@@ -806,24 +822,42 @@ def runs_resume_stale(*, now: datetime | None = None) -> list[tuple[int, str]]:
     STEP_STALE), for the sweep to queue again; one taken up MAX_RESUMES times already fails."""
     now = now or timezone.now()
     stale = VerificationRun.objects.filter(status__in=(Status.LOAD_TESTING, Status.EVALUATING),
-                                           updated_at__lt=now - STEP_STALE)
+                                           step_running=True, updated_at__lt=now - STEP_STALE)
     stale.filter(resumed__gte=MAX_RESUMES).update(
         status=Status.FAILED, finished_at=now, updated_at=now,
         error=f"its worker died {MAX_RESUMES + 1} times during the run")
     return list(stale.filter(resumed__lt=MAX_RESUMES).values_list("pk", "status"))
 
 
-def runs_time_out_stale(*, now: datetime | None = None) -> list[int]:
-    """Runs with no progress for STALE_AFTER (stuck where no step can take them up again) are
-    timed out and a fresh run is started in their place, so none stays "running" for ever."""
+def runs_requeue_waiting(*, now: datetime | None = None) -> list[tuple[int, str]]:
+    """(run id, next step: "evaluate" or "publish") of every run that has waited REQUEUE_AFTER
+    for its next step's task: queued again (a lost message), not taken for a dead worker."""
     now = now or timezone.now()
-    stale = list(VerificationRun.objects.filter(status__in=VerificationRun.ACTIVE,
-                                                updated_at__lt=now - STALE_AFTER)
-                 .values_list("pk", "node_id"))
+    out = []
+    for run_id, status in VerificationRun.objects.filter(
+            status__in=(Status.LOAD_TESTING, Status.EVALUATING), step_running=False,
+            updated_at__lt=now - REQUEUE_AFTER).values_list("pk", "status"):
+        if VerificationRun.objects.filter(pk=run_id, status=status, step_running=False,
+                                          updated_at__lt=now - REQUEUE_AFTER).update(
+                updated_at=now):
+            out.append((run_id, "evaluate" if status == Status.LOAD_TESTING else "publish"))
+    return out
+
+
+def runs_time_out_stale(*, now: datetime | None = None) -> list[int]:
+    """Runs with no progress for STALE_AFTER (stuck where no step can take them up again; a run
+    waiting for its next step's task: WAITING_LIMIT) are timed out and a fresh run is started
+    in their place, so none stays "running" for ever."""
+    now = now or timezone.now()
+    waiting = Q(status__in=(Status.LOAD_TESTING, Status.EVALUATING), step_running=False)
+    stale = list(VerificationRun.objects.filter(status__in=VerificationRun.ACTIVE).filter(
+        (~waiting & Q(updated_at__lt=now - STALE_AFTER))
+        | (waiting & Q(updated_at__lt=now - WAITING_LIMIT))).values_list("pk", "node_id"))
     restarted = []
     for run_id, node_id in stale:
         if VerificationRun.objects.filter(pk=run_id, status__in=VerificationRun.ACTIVE,
                                           updated_at__lt=now - STALE_AFTER).update(
+                step_running=False,
                 status=Status.TIMED_OUT, finished_at=now, updated_at=now,
                 error="no progress for 20 minutes"):
             ProbeJob.objects.filter(run_id=run_id, status=ProbeJob.Status.PENDING).update(

@@ -58,6 +58,11 @@ def verification_sweep() -> int:
     resumed = services.runs_resume_stale()
     for run_id, step in resumed:
         pipeline(run_id, step).apply_async()
+    for run_id, step in services.runs_requeue_waiting():
+        if step == "evaluate":
+            pipeline(run_id, services.Status.EVALUATING).apply_async()
+        else:
+            verification_publish.delay(run_id)
     return (len(resumed) + len(services.runs_time_out_stale())
             + services.served_drifts_close_orphaned())
 

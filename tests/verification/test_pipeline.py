@@ -294,3 +294,40 @@ def test_the_advance_task_runs_the_chain_eagerly(bob, h200_engine, settings):
         assert run.status == "done"
     finally:
         app.conf.task_always_eager = False
+
+
+def test_a_run_waiting_for_its_next_step_is_never_taken_for_a_dead_worker(bob, h200_engine):
+    """A step's staleness counts from when it started: a run whose load test is done waits for
+    its evaluation behind a burst of other load tests as long as the queue takes, is queued
+    again (not resumed, not failed) only after REQUEUE_AFTER, and is never timed out for it."""
+    node = enrolled_node(bob, h200_report(engine_url=h200_engine, reachable=True))
+    run = services.run_start(node_id=node.pk, trigger="enrolment")
+    job = services.jobs_for_node(node.pk)[0]
+    services.job_result_record(node_id=node.pk, job_id=job["id"], status="done",
+                               result=h200_probe())
+    assert services.run_load_test(run_id=run.pk)
+    run.refresh_from_db()
+    assert (run.status, run.step_running) == ("load_testing", False)
+    queued = timezone.now() - services.STALE_AFTER - timedelta(minutes=1)
+    VerificationRun.objects.filter(pk=run.pk).update(updated_at=queued)
+    assert services.runs_resume_stale() == []
+    assert services.runs_time_out_stale() == []
+    assert services.runs_requeue_waiting() == [(run.pk, "evaluate")]
+    assert services.runs_requeue_waiting() == []  # stamped: not again for REQUEUE_AFTER
+    assert services.run_evaluate(run_id=run.pk)
+    VerificationRun.objects.filter(pk=run.pk).update(updated_at=queued)
+    assert services.runs_resume_stale() == []
+    assert services.runs_requeue_waiting() == [(run.pk, "publish")]
+    assert services.run_publish(run_id=run.pk)
+    run.refresh_from_db()
+    assert (run.status, run.resumed, run.error) == ("done", 0, "")
+
+
+def test_a_running_step_without_a_stamp_lost_its_worker(bob):
+    node = enrolled_node(bob, h200_report())
+    run = services.run_start(node_id=node.pk, trigger="enrolment")
+    VerificationRun.objects.filter(pk=run.pk).update(
+        status="load_testing", step_running=True,
+        updated_at=timezone.now() - services.STEP_STALE - timedelta(seconds=1))
+    assert services.runs_resume_stale() == [(run.pk, "load_testing")]
+    assert services.runs_requeue_waiting() == []

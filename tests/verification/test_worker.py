@@ -1,5 +1,6 @@
 """The verification chain on a real Celery worker process, through Redis."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -152,3 +153,39 @@ def test_a_second_chain_for_a_run_in_progress_waits_and_never_evaluates_early(bo
     serving = Finding.objects.get(run=run, metric="serving")
     assert serving.measured  # judged after the load test, not before it
     assert Measurement.objects.filter(run=run, metric="tps@8").count() == 1
+
+
+def test_one_worker_runs_a_burst_of_load_tests_at_once_and_takes_none_for_dead(bob, tmp_path):
+    """Machines that join together: their load tests wait on the network, so one worker process
+    runs them at once (threads), and each run's evaluation, queued behind the others' load
+    tests, is never taken for a step whose worker died."""
+    machines = 4
+    with contextlib.ExitStack() as stack:
+        runs = []
+        for i in range(machines):
+            engine = stack.enter_context(ServerThread(EngineServer(
+                get_profile("2x-rtx-4090"), time_scale=1)))
+            node = enrolled_node(bob, h200_report(uuid=f"GPU-burst-{i}", engine_url=engine.url,
+                                                  reachable=True))
+            run = services.run_start(node_id=node.pk, trigger="enrolment")
+            job = services.jobs_for_node(node.pk)[0]
+            services.job_result_record(node_id=node.pk, job_id=job["id"], status="done",
+                                       result=h200_probe())
+            runs.append(run.pk)
+        worker = _worker_with_beat(tmp_path, "--pool=threads", f"--concurrency={machines}")
+        at_once = 0
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                rows = list(VerificationRun.objects.filter(pk__in=runs).values_list(
+                    "status", "step_running"))
+                at_once = max(at_once, sum(r == ("load_testing", True) for r in rows))
+                if all(status == "done" for status, _ in rows):
+                    break
+                time.sleep(0.3)
+        finally:
+            _stop(worker)
+    done = VerificationRun.objects.filter(pk__in=runs)
+    assert sorted(done.values_list("status", flat=True)) == ["done"] * machines
+    assert set(done.values_list("resumed", flat=True)) == {0}
+    assert at_once >= machines - 1, at_once
