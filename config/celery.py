@@ -27,6 +27,7 @@ app.conf.beat_schedule = {
     "pool-changes-trim": {"task": "routing.tasks.pool_changes_trim", "schedule": 60.0},
     "served-figures-refresh": {"task": "routing.tasks.served_figures_refresh",
                                "schedule": 60.0},
+    "checks-run": {"task": "routing.tasks.checks_run", "schedule": 60.0},
     "verification-sweep": {"task": "verification.tasks.verification_sweep", "schedule": 15.0},
     "verification-weekly": {"task": "verification.tasks.verification_weekly",
                             "schedule": 3600.0},

@@ -5,7 +5,14 @@ from django.utils.html import format_html
 from billing.admin import ReadOnlyAdmin
 from billing.models import ModelPrice
 from billing.pricing import format_usd_exact
-from routing.models import Deployment, EngineModel, Model, RequestLog, TrafficBucket
+from routing.models import (
+    Deployment,
+    EngineModel,
+    Model,
+    RequestLog,
+    TrafficBucket,
+    UnannouncedCheck,
+)
 
 
 class EngineModelInline(admin.TabularInline):
@@ -89,3 +96,11 @@ class TrafficBucketAdmin(ReadOnlyAdmin):
                     "decode_tokens", "decode_ms")
     list_filter = ("span_s", "band")
     date_hierarchy = "start"
+
+
+@admin.register(UnannouncedCheck)
+class UnannouncedCheckAdmin(ReadOnlyAdmin):
+    list_display = ("at", "node", "deployment_id", "model", "requests", "errors", "concurrency",
+                    "tokens_per_s", "ttft_ms")
+    list_select_related = ("node",)
+    date_hierarchy = "at"

@@ -69,6 +69,8 @@ class Deployment(models.Model):
     engine_waiting = models.PositiveIntegerField(null=True, blank=True)
     prefix_queries = models.BigIntegerField(null=True, blank=True)
     prefix_hits = models.BigIntegerField(null=True, blank=True)
+    # When the platform next checks it unannounced (routing/checks.py), drawn at random.
+    next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "engine_model_id"],
@@ -156,3 +158,25 @@ class TrafficBucket(models.Model):
     def __str__(self):
         return f"deployment {self.deployment_id} at {self.start:%H:%M} band {self.band}"
 
+
+
+class UnannouncedCheck(models.Model):
+    """A few requests the platform sent a worker at a random time, as a renter's are sent
+    (routing/checks.py): the node's history of them. Never billed."""
+
+    deployment_id = models.BigIntegerField()
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="checks")
+    at = models.DateTimeField(default=timezone.now)
+    model = models.CharField(max_length=256)
+    requests = models.PositiveSmallIntegerField()
+    errors = models.PositiveSmallIntegerField(default=0)
+    concurrency = models.PositiveIntegerField(default=1)  # in flight to it, the check's included
+    tokens_per_s = models.FloatField(null=True, blank=True)  # decode speed per stream
+    ttft_ms = models.FloatField(null=True, blank=True)  # median time to first token
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["node", "-at"], name="check_node_time")]
+
+    def __str__(self):
+        return f"check of deployment {self.deployment_id} at {self.at:%Y-%m-%d %H:%M}"

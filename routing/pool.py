@@ -276,6 +276,17 @@ def _workers(entries: dict[str, ModelEntry], mapping: dict[str, str], now: datet
     return workers
 
 
+def workers_of(deployment_ids) -> list[Worker]:
+    """The pool's workers among these deployments, as a refresh reads them (unannounced checks
+    send to them what the proxy would)."""
+    entries, mapping = _entries()
+    node_ids = set(Deployment.objects.filter(pk__in=deployment_ids)
+                   .values_list("node_id", flat=True))
+    wanted = set(deployment_ids)
+    return [w for workers in _workers(entries, mapping, timezone.now(), node_ids).values()
+            for w in workers if w.deployment_id in wanted]
+
+
 def _version(entries: dict[str, ModelEntry], sums: dict[str, int]) -> str:
     """A digest of the snapshot's content, load excluded: the same rows, the same version."""
     return hashlib.sha256(json.dumps(

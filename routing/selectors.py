@@ -321,3 +321,17 @@ def platform_prices(engine_models) -> dict[str, PlatformPrice]:
     prices = model_prices_now(set(names.values()))
     return {engine_id: PlatformPrice(name, prices[name].output_micros_per_mtok)
             for engine_id, name in names.items() if name in prices}
+
+
+# --- what the platform checked after verification ---
+
+def card_checks(node_id: int, *, limit: int = 10) -> dict:
+    """The rent page's history of a card's engine since it was verified: the latest unannounced
+    checks (routing/checks.py) and episodes of served traffic slower than verified
+    (verification.ServedDrift), newest first. Two queries."""
+    from routing.models import UnannouncedCheck
+    from verification.models import ServedDrift
+
+    return {"checks": list(UnannouncedCheck.objects.filter(node_id=node_id)[:limit]),
+            "drifts": list(ServedDrift.objects.filter(node_id=node_id)
+                           .select_related("run")[:limit])}

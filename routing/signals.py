@@ -1,10 +1,11 @@
 """Routing's answers to marketplace's hooks (marketplace cannot import routing): the panel on a
-renter's rental page, and the platform's price of the models cards were measured with."""
+renter's rental page, the card's history of checks after verification on its rent page, and
+the platform's price of the models cards were measured with."""
 
 from django.conf import settings
 from django.dispatch import receiver
 
-from marketplace.signals import platform_prices, rental_page_panels
+from marketplace.signals import card_page_panels, platform_prices, rental_page_panels
 from routing import selectors
 
 
@@ -18,3 +19,9 @@ def endpoint_panel(sender, *, rental, request, **kwargs):
 @receiver(platform_prices)
 def prices_of_engine_models(sender, *, engine_models, **kwargs):
     return selectors.platform_prices(engine_models)
+
+
+@receiver(card_page_panels)
+def checks_panel(sender, *, card, user, **kwargs):
+    return {"template": "routing/checks_panel.html",
+            "context": selectors.card_checks(card.node_id)}

@@ -20,3 +20,10 @@ def served_figures_refresh():
     from routing import served
 
     return served.served_figures_refresh()
+
+
+@shared_task
+def checks_run():
+    from routing import checks
+
+    return checks.checks_run()
