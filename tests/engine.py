@@ -57,8 +57,9 @@ def free_port() -> int:
 
 
 def server_command(*, port: int, n_ctx: int, alias: str, n_threads: int,
-                   api_key: str | None = None) -> list[str]:
-    model = gguf_path()
+                   api_key: str | None = None, model: Path | None = None) -> list[str]:
+    """`model`: a GGUF file of one's own (default: SmolLM2 from the wheel)."""
+    model = model or gguf_path()
     if model is None or not ENGINE_AVAILABLE:
         raise RuntimeError(NOT_INSTALLED)
     return [
@@ -103,14 +104,14 @@ def _tail(path: Path, limit: int = 4000) -> str:
 @contextlib.contextmanager
 def llama_server(*, n_ctx: int = 2048, alias: str = ALIAS, n_threads: int = 2,
                  startup_timeout: float = STARTUP_TIMEOUT_S,
-                 api_key: str | None = None) -> Iterator[str]:
+                 api_key: str | None = None, model: Path | None = None) -> Iterator[str]:
     """Start the server on a free loopback port, yield its base URL, stop it on exit."""
     with tempfile.TemporaryDirectory(prefix="llama-server-") as tmp:
         log_path = Path(tmp) / "server.log"
         for _attempt in range(3):  # a free port may be taken before the server binds it
             port = free_port()
             command = server_command(port=port, n_ctx=n_ctx, alias=alias, n_threads=n_threads,
-                                     api_key=api_key)
+                                     api_key=api_key, model=model)
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)

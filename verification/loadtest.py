@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from verification import fingerprint
+
 PROMPT_WORDS = 256
 OUTPUT_TOKENS = 128
 PREFIX_WORDS = 4000
@@ -50,6 +52,8 @@ class LoadTestResult:
     # Output tokens per pass over the weights while the levels ran, where the engine decodes
     # speculatively and says so (None: it does not, or does not say).
     tokens_per_pass: float | None = None
+    # Its answers to the canary prompts (verification/fingerprint.py); [] when not asked.
+    fingerprint: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -152,6 +156,21 @@ def throughput(streams: list[list[float]]) -> float:
     return sum(len(s) for s in streams) / span if span > 0 else 0.0
 
 
+async def _fingerprint(client, base: str, model: str) -> list[dict]:
+    """The engine's answers to the canaries, asked one at a time, greedily; an engine that
+    refuses log-probabilities is asked again without them (its text alone is compared)."""
+    answers = []
+    for prompt in fingerprint.CANARIES:
+        body = fingerprint.request_body(model, prompt)
+        response = await client.post(f"{base}/v1/chat/completions", json=body)
+        if response.status_code == 400:
+            body = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+            response = await client.post(f"{base}/v1/chat/completions", json=body)
+        if response.status_code == 200:
+            answers.append(fingerprint.answer_from(prompt, response.json()))
+    return answers
+
+
 async def _context_accepted(client, base, model, context_length: int) -> bool:
     # "the" is one token in every common tokenizer; stay a chat template's length under the
     # limit, so the request is at the context length, not beyond it.
@@ -167,8 +186,9 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
                         progress: Callable[[str, int], None] | None = None,
                         engine_key: str = "", caches: bool = True) -> LoadTestResult:
     """`engine_key`: the node's engine key, sent as the proxy sends it ("": none yet).
-    `caches`: also test the prefix cache and the advertised context (the provider's engine;
-    the platform's yardstick is measured for its speed alone)."""
+    `caches`: also ask the canary prompts (the answers' fingerprint) and test the prefix cache
+    and the advertised context (the provider's engine; the platform's yardstick is measured
+    for its speed alone)."""
     base = base_url.rstrip("/")
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     headers = {"authorization": f"Bearer {engine_key}"} if engine_key else None
@@ -188,6 +208,10 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
         result.tokens_per_pass = tokens_per_pass(before, await _spec_counters(client, base))
         if not caches:
             return result
+        try:
+            result.fingerprint = await _fingerprint(client, base, result.model)
+        except (httpx.HTTPError, ValueError) as exc:
+            result.errors.append(f"canary prompts: {exc}")
         if progress:
             progress("prefix cache", int(100 * len(levels) / steps))
         prefix = _words(PREFIX_WORDS, "prefix")

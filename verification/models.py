@@ -81,6 +81,8 @@ class VerificationRun(models.Model):
     # entry (engine, quantization, the files the agent read) and the command's layout, so that
     # a later judgment reads what was measured, not what the engine serves by then.
     served = models.JSONField(default=dict, blank=True)
+    # That model's answers to the canary prompts (verification/fingerprint.py).
+    fingerprint = models.JSONField(default=list, blank=True)
     # The platform's yardstick (verification/yardstick.py): the workload (its key), where the
     # run is with it (asked: the heartbeat reply carries `config` for the agent to serve;
     # done; skipped or failed, with the reason in yardstick_note), the command handed over.

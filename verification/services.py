@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from agent.probes import DEFAULT_PARAMS as PROBE_PARAMS
@@ -37,6 +37,7 @@ from marketplace import services as marketplace
 from marketplace.models import Card, Node, Rental, UuidConflict
 from verification import evaluate as ev
 from verification import evidence, loadtest
+from verification import fingerprint as fp
 from verification import yardstick as ys
 from verification.findings import THRESHOLDS
 from verification.models import (
@@ -259,7 +260,8 @@ def run_load_test(*, run_id: int) -> bool:
         power.record(run, result.levels)
     VerificationRun.objects.filter(pk=run.pk).update(
         model=result.model, error="; ".join(result.errors)[:500],
-        served=served.get(result.model) or served.get("__node__", {}))
+        served=served.get(result.model) or served.get("__node__", {}),
+        fingerprint=result.fingerprint)
     run.refresh_from_db()
     _yardstick(run)
     _step_done(run, "load test done", 80)
@@ -543,9 +545,62 @@ def _judge(run: VerificationRun) -> list[Finding]:
             rows += [Finding(run=run, card=card, **asdict(f))
                      for f in ev.evaluate(facts, spec, specs)]
         served = _served_finding(run, node_level, [r for r in rows if r.metric == "serving"])
-        if served is not None:
-            rows += [Finding(run=run, card=card, **asdict(served)) for card in cards]
+        for node_finding in (served, _fingerprint_finding(run)):
+            if node_finding is not None:
+                rows += [Finding(run=run, card=card, **asdict(node_finding)) for card in cards]
         return Finding.objects.bulk_create(rows)
+
+
+FINGERPRINT_PEERS = 5  # the latest verified machines' answers a run's are compared with
+
+
+def _fingerprint_finding(run: VerificationRun) -> ev.Finding | None:
+    """Does the engine serve the model it names? Its answers to the canary prompts against
+    those of the machines verified serving the same model, quantization and engine
+    (verification/fingerprint.py); None where the run measured no model."""
+    if not run.model:
+        return None
+    served = run.served or {}
+    quant, engine = served.get("quantization") or "", served.get("engine") or ""
+    what = f"{run.model}{f' at {quant}' if quant else ''}{f' on {engine}' if engine else ''}"
+    peers, seen = [], set()
+    for node_id, answers, their in (
+            VerificationRun.objects.filter(status=Status.DONE, model=run.model)
+            .exclude(node_id=run.node_id).exclude(fingerprint=[])
+            .filter(Exists(Card.objects.filter(node=OuterRef("node_id"), present=True,
+                                               verification_status__in=Card.SERVING_JUDGED)))
+            .order_by("-finished_at", "-pk").values_list("node_id", "fingerprint", "served")
+            [:20 * FINGERPRINT_PEERS]):
+        if node_id in seen:
+            continue  # a machine's latest run speaks for it
+        seen.add(node_id)
+        their = their or {}
+        if (their.get("quantization") or "") == quant and (their.get("engine") or "") == engine:
+            peers.append(answers)
+            if len(peers) == FINGERPRINT_PEERS:
+                break
+    verdict = fp.judge(run.fingerprint, peers)
+    asked = len(fp.CANARIES)
+    if not run.fingerprint:
+        message = f"The engine did not answer the {asked} canary prompts: nothing to compare."
+    elif not verdict.peers:
+        message = (f"Its answers to {asked} canary prompts at temperature 0 are kept: no "
+                   f"verified machine serving {what} answered them yet.")
+    elif verdict.severity == ev.MISMATCH:
+        message = (f"Serves a different model than it names: its answers to {asked} canary "
+                   f"prompts at temperature 0 match none of the {verdict.peers} verified "
+                   f"machines serving {what}.")
+    else:
+        message = (f"Its answers to {asked} canary prompts at temperature 0 match "
+                   f"{verdict.matched} of the {verdict.peers} verified machines serving "
+                   f"{what}" + (": they disagree among themselves." if verdict.severity ==
+                                ev.WARNING else "."))
+    return ev.Finding("fingerprint", verdict.severity, run.model,
+                      f"the answers of {verdict.peers} verified machine"
+                      f"{'s' if verdict.peers != 1 else ''}" if verdict.peers else "",
+                      f"matches {verdict.matched}" if verdict.peers and run.fingerprint else "",
+                      message[:500], basis="peers" if verdict.peers else "",
+                      details={"peers": verdict.peers, "matched": verdict.matched})
 
 
 def _probe_note(run: VerificationRun, job: ProbeJob | None, probe: dict) -> str:
