@@ -162,13 +162,22 @@ async def _fingerprint(client, base: str, model: str) -> list[dict]:
     answers = []
     for prompt in fingerprint.CANARIES:
         body = fingerprint.request_body(model, prompt)
-        response = await client.post(f"{base}/v1/chat/completions", json=body)
+        response = await _post_once_more(client, f"{base}/v1/chat/completions", body)
         if response.status_code == 400:
             body = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
-            response = await client.post(f"{base}/v1/chat/completions", json=body)
+            response = await _post_once_more(client, f"{base}/v1/chat/completions", body)
         if response.status_code == 200:
             answers.append(fingerprint.answer_from(prompt, response.json()))
     return answers
+
+
+async def _post_once_more(client, url: str, body: dict) -> httpx.Response:
+    """A POST sent again once on a new connection where the kept-alive one was closed under it
+    (llama-cpp-python's server closes a connection after some streams)."""
+    try:
+        return await client.post(url, json=body)
+    except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+        return await client.post(url, json=body)
 
 
 async def _context_accepted(client, base, model, context_length: int) -> bool:
@@ -211,7 +220,7 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
         try:
             result.fingerprint = await _fingerprint(client, base, result.model)
         except (httpx.HTTPError, ValueError) as exc:
-            result.errors.append(f"canary prompts: {exc}")
+            result.errors.append(f"canary prompts: {type(exc).__name__}: {exc}")
         if progress:
             progress("prefix cache", int(100 * len(levels) / steps))
         prefix = _words(PREFIX_WORDS, "prefix")

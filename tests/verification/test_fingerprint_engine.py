@@ -91,7 +91,7 @@ def test_the_canary_answers_tell_changed_weights_from_the_model_they_claim(engin
 
     honest = judged(bob, honest_url, "GPU-honest", settings)
     found = Finding.objects.get(run=honest, metric="fingerprint")
-    assert found.severity == "ok", found.message
+    assert found.severity == "ok", (found.message, honest.error, honest.fingerprint)
     assert fingerprint.match(honest.fingerprint, peer.fingerprint).agreed == len(
         fingerprint.CANARIES)
     assert not fingerprint.match(changed.fingerprint, peer.fingerprint).matches
