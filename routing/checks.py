@@ -152,7 +152,7 @@ def checks_run(*, now: datetime | None = None) -> int:
     if not due:
         return 0
     workers = pool.workers_of(due)
-    load = pool.load_exchange({})
+    load = pool.load_seen()
     results = asyncio.run(_all(workers))
     for worker, sent in zip(workers, results, strict=True):
         check_record(worker=worker, sent=sent, concurrency=load.get(worker.deployment_id, 0) + 1)

@@ -155,17 +155,37 @@ def _exchange(own: dict[int, int]) -> tuple[dict[int, int], int]:
         for proc in procs:
             pipe.hgetall(f"rigshare:routing:load:{proc}")
         maps = pipe.execute()
+    gone = [proc for proc, data in zip(procs, maps, strict=True) if not data]
+    if gone:
+        r.srem("rigshare:routing:procs", *gone)
+    return _summed(maps), max(1, len(procs) - len(gone))
+
+
+def _summed(maps: list[dict]) -> dict[int, int]:
+    """The processes' load hashes added up per deployment (fields "_...": not load)."""
     total: Counter = Counter()
-    gone = []
-    for proc, data in zip(procs, maps, strict=True):
-        if not data:
-            gone.append(proc)
+    for data in maps:
         for k, v in data.items():
             if not k.startswith(b"_"):
                 total[int(k)] += int(v)
-    if gone:
-        r.srem("rigshare:routing:procs", *gone)
-    return dict(total), max(1, len(procs) - len(gone))
+    return dict(total)
+
+
+def load_seen() -> dict[int, int]:
+    """Requests in flight per deployment as the server processes last exchanged them, read
+    without joining them (a Celery worker is no router: it must not count as one)."""
+    if not settings.REDIS_URL:
+        return {}
+    try:
+        r = redis_client()
+        procs = sorted(m.decode() for m in r.smembers("rigshare:routing:procs"))
+        with r.pipeline() as pipe:
+            for proc in procs:
+                pipe.hgetall(f"rigshare:routing:load:{proc}")
+            maps = pipe.execute()
+    except REDIS_ERRORS:
+        return {}
+    return _summed(maps)
 
 
 def open_circuits() -> Counter:
