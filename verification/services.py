@@ -203,11 +203,18 @@ def _step_done(run: VerificationRun, detail: str, pct: int) -> None:
         step_running=False)
 
 
+# An engine the agent is bringing up (a machine that just joined, a restart): its run's load
+# test waits for it as for the probes.
+ENGINE_COMING = ("starting", "loading", "draining")
+
+
 def runs_ready_for_load_test() -> list[int]:
-    """Runs whose probe job has been answered (or has waited too long: judged without it)."""
+    """Runs whose probe job has been answered and whose engine is up, if the agent runs it
+    (or that have waited too long for either: judged without it)."""
     waited = timezone.now() - settings.RIGSHARE_PROBE_WAIT
     return list(VerificationRun.objects.filter(status=Status.PROBING).exclude(
-        jobs__status=ProbeJob.Status.PENDING, jobs__created_at__gt=waited)
+        jobs__status=ProbeJob.Status.PENDING, jobs__created_at__gt=waited).exclude(
+        node__engine_state__in=ENGINE_COMING, created_at__gt=waited)
         .values_list("pk", flat=True))
 
 

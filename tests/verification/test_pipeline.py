@@ -111,6 +111,8 @@ def test_an_honest_h200_is_verified_with_its_capacity_published(bob, switching_h
     severities = dict(Finding.objects.filter(run=run).values_list("metric", "severity"))
     assert {"identity", "bandwidth", "compute", "vram", "pcie", "serving", "prefix_cache",
             "context", "yardstick"} <= set(severities)
+    # The first machine serving its model: its answers are kept, nothing to compare them with.
+    assert severities.pop("fingerprint") == "not_measured"
     assert set(severities.values()) == {"ok"}, severities
 
 
@@ -331,3 +333,23 @@ def test_a_running_step_without_a_stamp_lost_its_worker(bob):
         updated_at=timezone.now() - services.STEP_STALE - timedelta(seconds=1))
     assert services.runs_resume_stale() == [(run.pk, "load_testing")]
     assert services.runs_requeue_waiting() == []
+
+
+def test_a_run_waits_for_the_engine_its_agent_is_bringing_up(bob, settings):
+    """A machine that just joined: its agent reports the engine loading; the load test waits
+    for it as for the probes, up to the same wait."""
+    report = h200_report(engine_url="http://127.0.0.1:9", reachable=False)
+    report["engine"]["supervisor"] = {"state": "loading", "mode": "command", "argv": ["engine"]}
+    node = enrolled_node(bob, report)
+    run = services.run_start(node_id=node.pk, trigger="enrolment")
+    job = services.jobs_for_node(node.pk)[0]
+    services.job_result_record(node_id=node.pk, job_id=job["id"], status="done",
+                               result=h200_probe())
+    assert services.runs_ready_for_load_test() == []
+    Node.objects.filter(pk=node.pk).update(engine_state="ready")
+    assert services.runs_ready_for_load_test() == [run.pk]
+    # An engine that never comes up does not hold the run for ever.
+    Node.objects.filter(pk=node.pk).update(engine_state="starting")
+    VerificationRun.objects.filter(pk=run.pk).update(
+        created_at=timezone.now() - settings.RIGSHARE_PROBE_WAIT - timedelta(seconds=1))
+    assert services.runs_ready_for_load_test() == [run.pk]
