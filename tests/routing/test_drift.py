@@ -108,9 +108,12 @@ def test_a_busy_honest_engine_at_its_slot_limit_is_never_slow(v1, carol_key, eng
     hour.refresh_from_db()
     figures = hour.served["models"][0]["hour"]
     busy = {b["band"]: b for b in figures["bands"]}
-    # Nine and more were in flight at once; each decoded at what four running streams get.
+    # Nine and more were in flight at once; each decoded near what four running streams get
+    # (the simulator's clock runs SCALE times fast: on a busy machine it falls somewhat behind),
+    # far above what it is judged against at that concurrency (32 at once).
     assert busy[9]["streams"] >= drift.MIN_STREAMS
-    assert busy[9]["tokens_per_s"] > LOW * profile.per_stream_tps(4) * SCALE
+    assert busy[9]["tokens_per_s"] > 0.5 * profile.per_stream_tps(4) * SCALE
+    assert busy[9]["tokens_per_s"] > 2 * profile.aggregate_tps(4) * SCALE / 32
 
 
 @pytest.mark.django_db(transaction=True)
