@@ -82,6 +82,27 @@ def judged_node(owner, profile: Profile, *, machine_id: str = "m-1", own: Profil
     run = VerificationRun.objects.create(
         node=node, trigger="enrolment", model=model, status=VerificationRun.Status.LOAD_TESTING,
         served={**served, "supervised": supervised, "mode": "command", "argv": []})
+    measure(run, profile, own=own, own_factor=own_factor, yardstick_factor=yardstick_factor,
+            supervised=supervised, machine_id=machine_id)
+    return node
+
+
+def measure(run: VerificationRun, profile: Profile, *, own: Profile | None = None,
+            own_factor: float = 1.0, yardstick_factor: float = 1.0, supervised: bool = True,
+            machine_id: str = "m-1") -> VerificationRun:
+    """The run's probes and load tests as `profile`'s machine answers them (its engine at
+    `own_factor` of its speed, the yardstick at `yardstick_factor`), then evaluated and
+    published. A run still waiting for its probes (run_start's) is taken as the steps take it."""
+    own = own or profile
+    node = run.node
+    if run.status == VerificationRun.Status.PROBING:
+        served = {"id": own.model, "engine": own.engine, "max_context": own.context_length,
+                  "quantization": own.quantization}
+        VerificationRun.objects.filter(pk=run.pk).update(
+            status=VerificationRun.Status.LOAD_TESTING, model=own.model,
+            served={**served, "supervised": supervised, "mode": "command", "argv": []})
+        ProbeJob.objects.filter(run=run).delete()
+        run.refresh_from_db()
     ProbeJob.objects.create(run=run, node=node, status="done",
                             result=simulated_probe_results(profile.key, machine_id))
     for level, tps in measured(own, JUDGED_LEVELS).items():
@@ -105,4 +126,6 @@ def judged_node(owner, profile: Profile, *, machine_id: str = "m-1", own: Profil
             yardstick=work.key if work else "", yardstick_state="skipped",
             yardstick_note="its provider runs the engine by hand")
     assert services.run_evaluate(run_id=run.pk) and services.run_publish(run_id=run.pk)
-    return node
+    run.refresh_from_db()
+    return run
+
