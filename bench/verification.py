@@ -86,6 +86,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 BAIT = "2x-rtx-5090"  # honest when it joins; slows to BAIT_SPEED once verified
 BAIT_SPEED = 0.3
+BAIT_NEIGHBOURS = ("h200", "rtx-pro-6000", "2x-rtx-4090")  # honest, serving the same model
 FLEET = [*PLANTED_FLEET, BAIT]
 BASE_PORT = 18100
 BURST_PROFILES = ("rtx-4090", "2x-rtx-4090", "2x-rtx-4090-mistral24b", "rtx-pro-6000-llama8b")
@@ -98,20 +99,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--burst", type=int, default=100, metavar="N",
                         help="machines in the onboarding burst (0: none)")
-    parser.add_argument("--skip-planted", action="store_true",
-                        help="only the onboarding burst")
+    parser.add_argument("--sections", default="planted,bait,burst",
+                        help="which of planted, bait, burst to run (bait alone: with three "
+                             "honest machines beside it)")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     old = setup_databases(verbosity=0, interactive=False)
     fleet = None
     try:
         bob = User.objects.create_user("provider@bench.test", "x")
-        if not args.skip_planted:
+        if sections & {"planted", "bait"}:
+            profiles = FLEET if "planted" in sections else [*BAIT_NEIGHBOURS, BAIT]
             with ServerThread(application) as platform, \
                     tempfile.TemporaryDirectory() as state:
-                fleet = start_fleet(platform.url, bob, FLEET, state, BASE_PORT)
+                fleet = start_fleet(platform.url, bob, profiles, state, BASE_PORT)
                 started = time.monotonic()
                 wait_for(lambda: Node.objects.filter(cards__isnull=False).distinct().count()
-                         == len(FLEET), 120, "every machine's first heartbeat")
+                         == len(profiles), 120, "every machine's first heartbeat")
                 # The provider's listing claims, as a provider would type them.
                 for node in Node.objects.all():
                     profile = get_profile(node.name.rsplit("-", 1)[0])
@@ -122,7 +126,7 @@ def main() -> None:
                             claimed_gpu_model=getattr(profile, "claimed_gpu_model", "") or "",
                             claimed_vram_gb=getattr(profile, "claimed_vram_gb", None))
                 wait_for(lambda: not ProbeJob.objects.filter(status="pending").exists()
-                         and ProbeJob.objects.count() >= len(FLEET), 300,
+                         and ProbeJob.objects.count() >= len(profiles), 300,
                          "every machine's probes")
                 probed = time.monotonic()
                 # Liars first (the fleet lists them last): a liar judged before its honest
@@ -131,10 +135,13 @@ def main() -> None:
                 for run_id in reversed(services.runs_ready_for_load_test()):
                     run_steps(run_id)
                 finished = time.monotonic()
-                report(started, probed, finished)
-                bait(platform.url, machine_ids(FLEET)[-1], BASE_PORT + len(FLEET) - 1)
+                if "planted" in sections:
+                    report(started, probed, finished)
+                if "bait" in sections:
+                    bait(platform.url, machine_ids(profiles)[-1],
+                         BASE_PORT + len(profiles) - 1)
                 stop(fleet)
-        if args.burst:
+        if "burst" in sections and args.burst:
             burst(args.burst, bob)
     finally:
         stop(fleet)
@@ -185,7 +192,7 @@ def bait(platform_url: str, machine: str, port: int) -> None:
                               effective_at=timezone.now() - timedelta(days=1))
     carol = User.objects.create_user("consumer@bench.test", "x")
     credits_grant(user=carol, amount_micros=1_000_000_000, idempotency_key="bench:bait")
-    _, key = api_key_create(user=carol, name="bench")
+    _, key = api_key_create(user=carol, name="bench", by_operator=True)
     POOL.invalidate()
     node = Node.objects.get(name=machine)
     time.sleep(3)  # the routers' pool reads the model and its workers
