@@ -74,6 +74,7 @@ from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.db.models import Sum  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
+from django.utils import timezone  # noqa: E402
 
 from accounts.models import User  # noqa: E402
 from bench import procfs  # noqa: E402
@@ -81,6 +82,7 @@ from config.redis import redis_client  # noqa: E402
 from marketplace import heartbeat_fast, services  # noqa: E402
 from marketplace.models import NodeUptimeHour  # noqa: E402
 from verification import services as verification  # noqa: E402
+from verification.models import VerificationRun  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 PATH = "/api/agent/heartbeat/"
@@ -273,6 +275,13 @@ def first_heartbeats(url: str, nodes: list[Node]) -> int:
                     verification.job_result_record(node_id=r.json()["node_id"],
                                                    job_id=job["id"], status="failed",
                                                    result=None, error="benchmark")
+            if rounds == 0:
+                # A fleet's steady state: each machine verified, no run measuring it (a run
+                # asks for the GPUs' power in every heartbeat, which no fast path repeats).
+                VerificationRun.objects.filter(status__in=VerificationRun.ACTIVE).update(
+                    status=VerificationRun.Status.DONE, finished_at=timezone.now())
+                services.node_heartbeat_forget(
+                    node_ids=VerificationRun.objects.values_list("node_id", flat=True))
     return sent
 
 

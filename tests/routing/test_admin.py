@@ -3,7 +3,7 @@ from django.apps import apps
 from django.contrib import admin
 
 from routing import requestlog
-from routing.models import Deployment, EngineModel, Model, RequestLog
+from routing.models import Deployment, EngineModel, Model, RequestLog, UnannouncedCheck
 from tests.factories import NodeFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -28,6 +28,9 @@ def test_every_routing_model_has_an_admin_whose_pages_load(operator, bob):
                            status=200, attempts=1, prompt_tokens=9, completion_tokens=40,
                            estimated=False, ttft_ms=90.0, latency_ms=900.0, concurrency=1)])
     assert RequestLog.objects.count() == 1
+    UnannouncedCheck.objects.create(deployment_id=deployment.pk, node=deployment.node,
+                                    model="Qwen/Qwen3-27B", requests=3, tokens_per_s=61.5,
+                                    ttft_ms=180.0)
     for row in apps.get_app_config("routing").get_models():
         assert row in admin.site._registry, f"{row.__name__} has no admin"
         url = f"/admin/routing/{row._meta.model_name}/"
