@@ -4,6 +4,7 @@ from decimal import Decimal
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agent import model_files
 from billing.serializers import UsdField
 from marketplace.models import Card, EnrolmentToken, Listing, Node, Rental
 
@@ -54,16 +55,8 @@ class HostReportSerializer(serializers.Serializer):
 ENGINE_KINDS = ("vllm", "llama.cpp")
 
 
-# The config.json fields a model's size is read from (agent/model_files.py sends these alone).
-MODEL_CONFIG_KEYS = frozenset({
-    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
-    "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings",
-    "max_position_embeddings", "layer_types", "full_attention_interval",
-    "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim",
-    "linear_num_key_heads", "linear_num_value_heads", "mamba_ssm_dtype",
-    "mtp_num_hidden_layers", "num_experts", "num_local_experts", "moe_intermediate_size",
-    "num_experts_per_tok", "shared_expert_intermediate_size", "dtype", "torch_dtype",
-})
+# The config.json fields a model's size is read from: the agent sends these alone.
+MODEL_CONFIG_KEYS = model_files.CONFIG_KEYS
 
 
 class ModelConfigField(serializers.DictField):
