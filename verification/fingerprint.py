@@ -15,6 +15,7 @@ tokens it has in common with the other's from the start, and by the mean gap bet
 log-probabilities over that common start where the engine gives them.
 """
 
+import os
 from dataclasses import dataclass
 
 CANARIES = (
@@ -55,13 +56,9 @@ def answer_from(prompt: str, data: dict) -> dict:
             "logprobs": [round(x, 4) for x in logprobs[:MAX_TOKENS]]}
 
 
-def _common_start(a: list, b: list) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def _common_start(a, b) -> int:
+    """How many items two sequences share from the start."""
+    return len(os.path.commonprefix([list(a), list(b)]))
 
 
 @dataclass(frozen=True)
