@@ -302,6 +302,12 @@ RIGSHARE_ENGINE_NETWORKS = tuple(env_list(
 RIGSHARE_PROBE_WAIT = timedelta(seconds=env_int("RIGSHARE_PROBE_WAIT_S", 600, minimum=1))
 RIGSHARE_LOAD_TEST_LEVELS = tuple(int(x) for x in env_list("RIGSHARE_LOAD_TEST_LEVELS",
                                                            ["1", "8", "32"]))
+# A load test whose reading event loop woke later than this (ms, 90th percentile of a level)
+# was read by a starved worker: measured again later, up to REMEASURES times, never judged.
+RIGSHARE_LOAD_TEST_LAG_MS = env_int("RIGSHARE_LOAD_TEST_LAG_MS", 100, minimum=1)
+RIGSHARE_LOAD_TEST_REMEASURES = env_int("RIGSHARE_LOAD_TEST_REMEASURES", 4, minimum=0)
+RIGSHARE_LOAD_TEST_REMEASURE_AFTER = timedelta(seconds=env_int(
+    "RIGSHARE_LOAD_TEST_REMEASURE_AFTER_S", 60, minimum=1))
 # How long a run waits for a machine's engine to serve the platform's yardstick (drain, load
 # the weights, a first download included) before it judges the machine without it.
 RIGSHARE_YARDSTICK_READY = timedelta(seconds=env_int("RIGSHARE_YARDSTICK_READY_S", 900,

@@ -7,12 +7,20 @@ token p50/p99; and, where the engine counts its speculative drafts (vLLM's spec_
 metrics), how many tokens it got per pass over its weights. Then a long prompt sent
 twice (does prefix caching work?) and a request at the advertised context length (is it
 accepted? read from the response status, which vLLM sends before the prefill ends).
+
+The side that measures must keep up with what it measures: every token is stamped when this
+event loop reads it, so a loop starved of CPU (a worker running many load tests, a crowded
+machine) reads any engine slow. The loop's own lateness is measured beside each level
+(`LoopLag`), and a caller does not judge an engine on a level read by a starved loop. The
+load tests of one process (a worker's threads) take turns through one `ReadingGate`, which
+lets fewer levels read at once whenever one was read late.
 """
 
 import asyncio
 import json
 import re
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +47,9 @@ class Level:
     # which the GPU's power draw, read from the heartbeats, was this level's.
     started: float = 0.0
     ended: float = 0.0
+    # How late this event loop woke while the level ran (ms, 90th percentile): past a few
+    # tens of ms the stamps above are the reader's, not the engine's (see LoopLag).
+    loop_lag_p90_ms: float = 0.0
 
 
 @dataclass
@@ -64,6 +75,46 @@ class LoadTestResult:
 
     def tps(self) -> dict[int, float]:
         return {lv.concurrency: lv.tokens_per_s for lv in self.levels if lv.completed}
+
+    @property
+    def loop_lag_ms(self) -> float:
+        """The worst level's loop lag (ms): how far the reader fell behind the engine."""
+        return max((lv.loop_lag_p90_ms for lv in self.levels), default=0.0)
+
+
+class LoopLag:
+    """How late the event loop wakes from a short sleep, sampled all the while a load test
+    runs. A loop that keeps up with its streams wakes within a millisecond or two; one
+    starved of CPU or of the interpreter (other threads, other processes) wakes tens to
+    hundreds of ms late, and every token it reads meanwhile is stamped that late."""
+
+    TICK_S = 0.01
+    # A level is judged with at least this much of the loop's recent past: one pause (a
+    # garbage collection) in a short level is not a starved worker; a starved one is late
+    # all the while.
+    WINDOW_S = 1.0
+
+    def __init__(self):
+        self.samples: list[tuple[float, float]] = []  # (Unix time, lag in s)
+        self._task: asyncio.Task | None = None
+
+    async def _watch(self) -> None:
+        while True:
+            asleep = time.perf_counter()
+            await asyncio.sleep(self.TICK_S)
+            self.samples.append((time.time(), time.perf_counter() - asleep - self.TICK_S))
+
+    def __enter__(self) -> "LoopLag":
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._task.cancel()
+
+    def p90_ms(self, started: float, ended: float) -> float:
+        since = min(started, ended - self.WINDOW_S)
+        lags = [lag for at, lag in self.samples if since <= at <= ended]
+        return round(_percentile(lags, 90) * 1000, 1) if lags else 0.0
 
 
 # vLLM's counters of speculative decoding (v1): drafts proposed, tokens of them accepted.
@@ -92,6 +143,37 @@ def tokens_per_pass(before: dict[str, float], after: dict[str, float]) -> float 
     if drafts <= 0 or accepted < 0:
         return None
     return round(1 + accepted / drafts, 3)
+
+
+class ReadingGate:
+    """How many load-test levels this process reads at once. A level read late (its loop woke
+    later than the bound) halves the number, one read in time lets one more in: the worker
+    settles at what its CPU can read honestly, whatever else shares the machine."""
+
+    def __init__(self, most: int = 16, late_ms: float = 20.0):
+        self.most, self.late_ms = most, late_ms
+        self.limit, self.reading = float(most), 0
+        self._lock = threading.Lock()
+
+    def try_enter(self) -> bool:
+        with self._lock:
+            if self.reading >= max(1, int(self.limit)):
+                return False
+            self.reading += 1
+            return True
+
+    async def enter(self) -> None:
+        while not self.try_enter():
+            await asyncio.sleep(0.05)
+
+    def leave(self, lag_ms: float) -> None:
+        with self._lock:
+            self.reading -= 1
+            late = lag_ms > self.late_ms
+            self.limit = max(1.0, self.limit / 2) if late else min(self.most, self.limit + 1)
+
+
+GATE = ReadingGate()
 
 
 def _words(n: int, seed: str) -> str:
@@ -193,11 +275,13 @@ async def _context_accepted(client, base, model, context_length: int) -> bool:
 async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVELS,
                         max_concurrency: int | None = None, timeout_s: float = 300,
                         progress: Callable[[str, int], None] | None = None,
-                        engine_key: str = "", caches: bool = True) -> LoadTestResult:
+                        engine_key: str = "", caches: bool = True,
+                        lag_bound_ms: float | None = None) -> LoadTestResult:
     """`engine_key`: the node's engine key, sent as the proxy sends it ("": none yet).
     `caches`: also ask the canary prompts (the answers' fingerprint) and test the prefix cache
     and the advertised context (the provider's engine; the platform's yardstick is measured
-    for its speed alone)."""
+    for its speed alone). `lag_bound_ms`: stop after a level this loop read later than this
+    (the result is the caller's to discard: the rest would be read as late)."""
     base = base_url.rstrip("/")
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     headers = {"authorization": f"Bearer {engine_key}"} if engine_key else None
@@ -210,10 +294,21 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
         levels = sorted(set(levels) | ({max_concurrency} if max_concurrency else set()))
         steps = len(levels) + (2 if caches else 0)
         before = await _spec_counters(client, base)
-        for i, concurrency in enumerate(levels):
-            if progress:
-                progress(f"{concurrency} concurrent requests", int(100 * i / steps))
-            result.levels.append(await _level(client, base, result.model, concurrency))
+        with LoopLag() as lag:
+            for i, concurrency in enumerate(levels):
+                if progress:
+                    progress(f"{concurrency} concurrent requests", int(100 * i / steps))
+                await GATE.enter()
+                late_ms = 0.0
+                try:
+                    level = await _level(client, base, result.model, concurrency)
+                    await asyncio.sleep(LoopLag.TICK_S * 2)  # the level's last tick is in
+                    level.loop_lag_p90_ms = late_ms = lag.p90_ms(level.started, level.ended)
+                finally:
+                    GATE.leave(late_ms)
+                result.levels.append(level)
+                if lag_bound_ms is not None and level.loop_lag_p90_ms > lag_bound_ms:
+                    return result
         result.tokens_per_pass = tokens_per_pass(before, await _spec_counters(client, base))
         if not caches:
             return result

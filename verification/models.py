@@ -95,6 +95,10 @@ class VerificationRun(models.Model):
     # A worker is doing a step now (it stamps updated_at as it goes); false while the run waits
     # for its next step's task, however long the queue: only a running step can go stale.
     step_running = models.BooleanField(default=False)
+    # A load test read by a worker too crowded to keep up is not judged: the run waits for its
+    # load test again until measure_after (services._keep_up), `remeasured` times so far.
+    measure_after = models.DateTimeField(null=True, blank=True)
+    remeasured = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at", "-id"]

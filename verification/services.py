@@ -20,6 +20,8 @@ import asyncio
 import concurrent.futures
 import hashlib
 import json
+import logging
+import random
 import statistics
 import time
 from collections import Counter
@@ -29,6 +31,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agent.probes import DEFAULT_PARAMS as PROBE_PARAMS
@@ -52,6 +55,8 @@ from verification.models import (
 
 Status = VerificationRun.Status
 PROVIDER_COOLDOWN = timedelta(hours=1)
+logger = logging.getLogger(__name__)
+
 STALE_AFTER = timedelta(minutes=20)  # no progress for this long: the run is timed out
 STEP_STALE = timedelta(seconds=45)  # a running step not stamped for this long lost its worker
 # A run waiting this long for its next step's task is queued again (a message lost); beyond
@@ -209,13 +214,18 @@ ENGINE_COMING = ("starting", "loading", "draining")
 
 
 def runs_ready_for_load_test() -> list[int]:
-    """Runs whose probe job has been answered and whose engine is up, if the agent runs it
-    (or that have waited too long for either: judged without it)."""
-    waited = timezone.now() - settings.RIGSHARE_PROBE_WAIT
+    """Runs whose probe job has been answered and whose engine is up and the provider's own
+    again, if the agent runs it (not still the yardstick of a try measured again later), or
+    that have waited too long for either: judged without it."""
+    now = timezone.now()
+    waited = now - settings.RIGSHARE_PROBE_WAIT
+    engine_back = Q(node__engine_state__in=ENGINE_COMING) | Q(
+        node__engine_process__yardstick__run__isnull=False)
     return list(VerificationRun.objects.filter(status=Status.PROBING).exclude(
-        jobs__status=ProbeJob.Status.PENDING, jobs__created_at__gt=waited).exclude(
-        node__engine_state__in=ENGINE_COMING, created_at__gt=waited)
-        .values_list("pk", flat=True))
+        jobs__status=ProbeJob.Status.PENDING, jobs__created_at__gt=waited).annotate(
+        waiting_since=Coalesce("measure_after", "created_at")).exclude(
+        engine_back & Q(waiting_since__gt=waited)).exclude(
+        measure_after__gt=now).values_list("pk", flat=True))
 
 
 def run_load_test(*, run_id: int) -> bool:
@@ -242,8 +252,11 @@ def run_load_test(*, run_id: int) -> bool:
     try:
         result = _load_test(run, lambda progress: loadtest.run_load_test(
             node.engine_connect_url, levels=settings.RIGSHARE_LOAD_TEST_LEVELS,
-            max_concurrency=_advertised_concurrency(node), engine_key=key, progress=progress),
-            power=power, between=(35, 60))
+            max_concurrency=_advertised_concurrency(node), engine_key=key, progress=progress,
+            lag_bound_ms=settings.RIGSHARE_LOAD_TEST_LAG_MS), power=power, between=(35, 60))
+        _keep_up(result, "the load test")
+    except Starved as exc:
+        return _measure_later(run, str(exc))
     except Exception as exc:  # an engine that breaks under load: a finding, no crash
         VerificationRun.objects.filter(pk=run.pk).update(
             error=f"load test: {exc}"[:500], served=served.get("__node__", {}))
@@ -270,9 +283,52 @@ def run_load_test(*, run_id: int) -> bool:
         served=served.get(result.model) or served.get("__node__", {}),
         fingerprint=result.fingerprint)
     run.refresh_from_db()
-    _yardstick(run)
+    try:
+        _yardstick(run)
+    except Starved as exc:
+        return _measure_later(run, str(exc))
     _step_done(run, "load test done", 80)
     return True
+
+
+class Starved(Exception):
+    """A load test read by a worker that could not keep up with its streams."""
+
+
+def _keep_up(result: loadtest.LoadTestResult, what: str) -> None:
+    """Raise Starved where the loop that read the streams woke too late to stamp the tokens
+    as they came: the figures are then the reader's, and no engine is judged on them."""
+    lag = result.loop_lag_ms
+    if lag > settings.RIGSHARE_LOAD_TEST_LAG_MS:
+        raise Starved(f"{what} was read by an overloaded Rigshare worker (its event loop "
+                      f"{lag:.0f} ms late, at most {settings.RIGSHARE_LOAD_TEST_LAG_MS} ms "
+                      f"allowed)")
+
+
+def _measure_later(run: VerificationRun, why: str) -> bool:
+    """A starved load test: the run waits for its load test again, later each time (a worker
+    is crowded by a burst of machines joining, which passes), and False (the chain stops
+    here). After RIGSHARE_LOAD_TEST_REMEASURES tries the run goes on without serving figures:
+    its cards are not judged on serving rather than judged on figures nobody could take."""
+    now = timezone.now()
+    Measurement.objects.filter(run=run, card=None).delete()
+    yardstick_reset = {"yardstick": "", "yardstick_state": "", "yardstick_config": {},
+                       "yardstick_note": ""}
+    logger.warning("run #%s of node #%s: %s (try %s)", run.pk, run.node_id, why,
+                   run.remeasured + 1)
+    if run.remeasured >= settings.RIGSHARE_LOAD_TEST_REMEASURES:
+        error = f"no load test: {why}, {run.remeasured + 1} times"
+        VerificationRun.objects.filter(pk=run.pk).update(error=error[:500], **yardstick_reset)
+        _step_done(run, error, 80)
+        return True
+    after = now + settings.RIGSHARE_LOAD_TEST_REMEASURE_AFTER * (
+        2 ** run.remeasured * random.uniform(1, 1.5))
+    VerificationRun.objects.filter(pk=run.pk, status=Status.LOAD_TESTING).update(
+        status=Status.PROBING, step_running=False, measure_after=after,
+        remeasured=F("remeasured") + 1, progress_pct=30, updated_at=now,
+        step_detail=f"{why}: measured again after {after:%H:%M:%S} UTC"[:200],
+        **yardstick_reset)
+    return False
 
 
 def _served_now(node: Node) -> dict:
@@ -387,7 +443,9 @@ def _yardstick(run: VerificationRun) -> None:
             result = _load_test(run, lambda progress: loadtest.run_load_test(
                 node.engine_connect_url, model=work.model, levels=ys.LEVELS,
                 engine_key=engine_keys.unseal(node.engine_key_sealed), caches=False,
-                progress=progress), power=None, between=(65, 80))
+                progress=progress, lag_bound_ms=settings.RIGSHARE_LOAD_TEST_LAG_MS),
+                power=None, between=(65, 80))
+            _keep_up(result, "the yardstick's load test")
             for level in result.levels:
                 details = asdict(level)
                 _measure(run, None, f"ytps@{level.concurrency}", level.tokens_per_s, "tok/s",
@@ -398,6 +456,8 @@ def _yardstick(run: VerificationRun) -> None:
                 state = Yardstick.DONE
             else:
                 note = "its engine served no token of the yardstick"
+    except Starved:
+        raise
     except Exception as exc:  # an engine that breaks on the yardstick: said, no crash
         note = f"the yardstick's load test failed: {exc}"
     finally:

@@ -1,6 +1,9 @@
 """The verification pipeline against a real simulated engine (fleetsim on 127.0.0.1)."""
 
 import copy
+import gc
+import sys
+import threading
 from datetime import timedelta
 
 import pytest
@@ -9,7 +12,7 @@ from django.utils import timezone
 from marketplace import services as marketplace
 from marketplace.models import Card, Node
 from tests.verification.conftest import SCALE, YardstickAgent
-from verification import services, tasks
+from verification import loadtest, services, tasks
 from verification.models import Finding, Measurement, ProbeJob, VerificationRun, VerifiedCapacity
 
 pytestmark = pytest.mark.django_db
@@ -353,3 +356,135 @@ def test_a_run_waits_for_the_engine_its_agent_is_bringing_up(bob, settings):
     VerificationRun.objects.filter(pk=run.pk).update(
         created_at=timezone.now() - settings.RIGSHARE_PROBE_WAIT - timedelta(seconds=1))
     assert services.runs_ready_for_load_test() == [run.pk]
+
+
+class Hog(threading.Thread):
+    """A thread that keeps this interpreter busy and holds it for `slice_s` at a time: the
+    event loop that reads the load test's streams (a thread of this process, as in a worker
+    running many load tests) wakes that late, as a worker crowded by a burst of joining
+    machines does."""
+
+    def __init__(self, slice_s: float = 0.1):
+        super().__init__(daemon=True)
+        self.slice_s, self.stop = slice_s, threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            sum(range(10_000))
+
+    def __enter__(self):
+        self.interval = sys.getswitchinterval()
+        sys.setswitchinterval(self.slice_s)
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join()
+        sys.setswitchinterval(self.interval)
+
+
+def test_a_load_test_read_by_a_starved_worker_is_measured_again_later(bob, h200_engine,
+                                                                      settings, monkeypatch):
+    """Tokens are stamped when the platform's loop reads them: a loop that cannot keep up
+    reads an honest engine slow (or, its stamps bunched, impossibly fast). Such a load test is
+    not judged; the run waits and measures again later; after RIGSHARE_LOAD_TEST_REMEASURES
+    tries it is judged without serving figures (never flagged on figures nobody could take)."""
+    settings.RIGSHARE_LOAD_TEST_LEVELS = (1, 8)
+    settings.RIGSHARE_LOAD_TEST_REMEASURES = 1
+    monkeypatch.setattr(services, "_advertised_concurrency", lambda node: None)
+    monkeypatch.setattr(loadtest, "OUTPUT_TOKENS", 24)  # a starved reader is slow to read
+    node = enrolled_node(bob, h200_report(engine_url=h200_engine, reachable=True))
+
+    def probed_run(trigger):
+        run = services.run_start(node_id=node.pk, trigger=trigger)
+        job = services.jobs_for_node(node.pk)[0]
+        services.job_result_record(node_id=node.pk, job_id=job["id"], status="done",
+                                   result=h200_probe())
+        return run
+
+    # A worker that keeps up: measured and judged, the loop's lateness beside each level.
+    gc.collect()  # not in the middle of a level this short (a pause of this long process)
+    run = run_pipeline(probed_run("enrolment"))
+    tps = {m.metric: m for m in Measurement.objects.filter(run=run, card=None)}
+    assert tps["tps@8"].value > 3 * tps["tps@1"].value
+    assert tps["tps@8"].details["loop_lag_p90_ms"] < settings.RIGSHARE_LOAD_TEST_LAG_MS
+
+    # A starved one: the run waits for its load test again, a minute or more later.
+    run = probed_run("provider")
+    assert services.runs_ready_for_load_test() == [run.pk]
+    with Hog():
+        assert services.run_load_test(run_id=run.pk) is False  # the chain stops here
+    run.refresh_from_db()
+    assert (run.status, run.remeasured, run.step_running) == ("probing", 1, False)
+    assert "overloaded Rigshare worker" in run.step_detail, run.step_detail
+    assert 55 < (run.measure_after - timezone.now()).total_seconds() <= 90
+    assert not Measurement.objects.filter(run=run, card=None).exists()
+    assert services.runs_ready_for_load_test() == []  # not before its time
+    assert services.run_evaluate(run_id=run.pk) is False  # a stale chain's next step
+    # Its time comes, and the worker keeps up: judged as any run.
+    VerificationRun.objects.filter(pk=run.pk).update(measure_after=timezone.now())
+    gc.collect()
+    run = run_pipeline(run)
+    assert run.status == "done" and not run.error, run.error
+    assert Finding.objects.get(run=run, metric="serving").measured
+
+    # Starved every time: the run goes on without serving figures, and flags nothing.
+    run = probed_run("operator")
+    for _ in range(2):
+        VerificationRun.objects.filter(pk=run.pk).update(measure_after=None)
+        with Hog():
+            services.run_load_test(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.status == "load_testing" and run.remeasured == 1
+    assert run.error.startswith("no load test: the load test was read by an overloaded")
+    assert services.run_evaluate(run_id=run.pk) and services.run_publish(run_id=run.pk)
+    assert not Measurement.objects.filter(run=run, metric__startswith="tps@").exists()
+    assert not Finding.objects.get(run=run, metric="serving").measured
+    assert Card.objects.get(node=node).verification_status != "flagged"
+
+
+def test_a_worker_reads_fewer_levels_at_once_while_they_are_read_late():
+    """The load tests of one worker process share one gate: a level read late halves how many
+    read at once, one read in time lets one more in, never fewer than one."""
+    gate = loadtest.ReadingGate(most=8, late_ms=50)
+    assert all(gate.try_enter() for _ in range(8)) and not gate.try_enter()
+    gate.leave(120.0)  # late: 4 at once from now on, 7 reading
+    assert (gate.limit, gate.reading) == (4, 7) and not gate.try_enter()
+    for _ in range(4):
+        gate.leave(10.0)  # in time: back up one each
+    assert (gate.limit, gate.reading) == (8, 3)
+    assert gate.try_enter()
+    for lag in (500.0,) * 6:
+        gate.leave(lag)
+        gate.try_enter()
+    assert gate.limit == 1.0  # never below one
+    while gate.reading:
+        gate.leave(0.0)
+    assert gate.try_enter() and gate.reading == 1
+
+
+def test_a_run_measured_again_waits_for_the_providers_engine_back(bob, settings):
+    """A try that was measured again later may have switched the machine to the yardstick:
+    the next try waits until its agent serves the provider's engine again, as for an engine
+    coming up (the same bounded wait)."""
+    report = h200_report(engine_url="http://127.0.0.1:9", reachable=True)
+    serving = {"state": "ready", "mode": "command", "argv": ["engine"],
+               "yardstick": {"run": 1, "version": "abc"}}
+    report["engine"]["supervisor"] = serving
+    node = enrolled_node(bob, report)
+    run = services.run_start(node_id=node.pk, trigger="enrolment")
+    job = services.jobs_for_node(node.pk)[0]
+    services.job_result_record(node_id=node.pk, job_id=job["id"], status="done",
+                               result=h200_probe())
+    assert services.runs_ready_for_load_test() == []
+    Node.objects.filter(pk=node.pk).update(engine_process={**serving, "yardstick": None})
+    assert services.runs_ready_for_load_test() == [run.pk]
+    # An agent that never gives the engine back does not hold the run for ever.
+    Node.objects.filter(pk=node.pk).update(engine_process=serving)
+    VerificationRun.objects.filter(pk=run.pk).update(
+        created_at=timezone.now() - settings.RIGSHARE_PROBE_WAIT - timedelta(seconds=1))
+    assert services.runs_ready_for_load_test() == [run.pk]
+    # The wait counts from the try's own time, not the run's start.
+    VerificationRun.objects.filter(pk=run.pk).update(measure_after=timezone.now())
+    assert services.runs_ready_for_load_test() == []
