@@ -183,9 +183,12 @@ def drifts_act(deployments: dict[int, Deployment], now: datetime) -> int:
                 for pk in recent}
     running = {pk: deployments[pk].engine_running for pk in recent
                if deployments[pk].engine_running is not None}
+    owners = dict(Node.objects.filter(pk__in={deployments[pk].node_id for pk in recent})
+                  .values_list("pk", "owner_id"))
     opened = 0
     for found in drift.find(recent, verified, starts, threshold=THRESHOLDS["serving"][0],
-                            engine_running=running):
+                            engine_running=running,
+                            owners={pk: owners.get(deployments[pk].node_id) for pk in recent}):
         d = deployments[found.deployment_id]
         opened += verification.served_drift_open(
             node_id=d.node_id, deployment_id=d.pk, model=d.engine_model_id, band=found.band,

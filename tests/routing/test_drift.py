@@ -65,6 +65,30 @@ def test_the_worst_band_speaks_for_the_deployment():
     assert found.band == 2
 
 
+def test_most_providers_slow_at_once_is_the_platforms_side_and_blames_no_one():
+    fast, slow = sums(30, 48.0), sums(30, 20.0)
+    verified = {pk: VERIFIED[7] for pk in range(1, 13)}
+    # Three providers of four, every deployment slow in the same window: the proxy that reads
+    # their speed (CPU, network) is what they share.
+    everyone = {pk: {2: slow} for pk in range(1, 9)}
+    owners = {pk: 100 + pk % 4 for pk in range(1, 13)}
+    assert drift.find(everyone, verified, BANDS, threshold=LOW, owners=owners) == []
+    mostly = everyone | {4: {2: fast}, 8: {2: fast}}  # provider 100 serves at full speed
+    assert drift.find(mostly, verified, BANDS, threshold=LOW, owners=owners) == []
+    # One provider's fleet slow among honest others is that provider's, however many machines.
+    one = {pk: {2: slow if owners[pk] == 101 else fast} for pk in range(1, 13)}
+    found = drift.find(one, verified, BANDS, threshold=LOW, owners=owners)
+    assert sorted(d.deployment_id for d in found) == [1, 5, 9]
+    # Two of five providers slow: not most of them, both found.
+    owners5 = {pk: 200 + pk % 5 for pk in range(1, 11)}
+    two = {pk: {2: slow if owners5[pk] in (201, 202) else fast} for pk in range(1, 11)}
+    found = drift.find(two, verified, BANDS, threshold=LOW, owners=owners5)
+    assert sorted(d.deployment_id for d in found) == [1, 2, 6, 7]
+    # Fewer providers than COMMON_CAUSE's least: each is judged on its own.
+    pair = {1: {2: slow}, 2: {2: slow}}
+    assert len(drift.find(pair, verified, BANDS, threshold=LOW, owners={1: 1, 2: 2})) == 2
+
+
 # --- through the proxy ------------------------------------------------------------------------
 
 SCALE = 4
