@@ -281,17 +281,28 @@ def burst(n: int, owner) -> None:
             stop(worker)
     statuses = dict(runs.values_list("status").annotate(n=Count("pk")))
     resumed = runs.filter(resumed__gt=0).count()
+    remeasured = runs.filter(remeasured__gt=0).count()
+    unmeasured = runs.filter(error__contains="overloaded Rigshare worker").count()
     cards = dict(Card.objects.filter(node_id__in=ids).values_list("verification_status")
                  .annotate(n=Count("pk")))
     failed = [f"{r.node.name}: {r.error}" for r in runs.exclude(status="done")
               .select_related("node")[:5]]
     print(f"\nonboarding burst: {n} machines ({', '.join(BURST_PROFILES)}) joined within "
           f"{joined:.0f} s; runs {statuses}; taken up again: {resumed}; cards {cards}; "
-          f"all runs over {took:.0f} s after the first machine started")
+          f"all runs over {took:.0f} s after the first machine started; load tests read "
+          f"by a starved worker and measured again later: {remeasured} runs; not judged on "
+          f"serving for it: {unmeasured}")
     for line in failed:
         print(f"  not done: {line}")
-    print("goal: every run done, none failed or taken up again:",
-          "MET" if statuses == {"done": n} and not resumed else "NOT MET")
+    for run in runs.filter(node__cards__verification_status__in=["flagged", "not_judged",
+                                                                  "unverified"]).distinct()[:8]:
+        serving = Finding.objects.filter(run=run, metric="serving").first()
+        print(f"  {run.node.name}: serving {serving.severity if serving else '-'}: "
+              f"{serving.message[:160] if serving else run.error[:160]}; yardstick "
+              f"{run.yardstick_state}: {run.yardstick_note[:120]}")
+    print("goal: every run done, none failed or taken up again, every card verified:",
+          "MET" if statuses == {"done": n} and not resumed and set(cards) == {"verified"}
+          else "NOT MET")
 
 
 def report(started: float, probed: float, finished: float) -> None:
