@@ -1,7 +1,7 @@
 """The heartbeat fast path: a repeated report answered at the ASGI front, before Django.
 
-A full heartbeat (agentapi.views.AgentHeartbeat) costs ~20 queries and 10-20 ms of a server's
-CPU; most heartbeats repeat the node's previous report word for word and get the same answer.
+A full heartbeat (agentapi.views.AgentHeartbeat) costs ~10 statements and ~15x a repeat's CPU;
+most heartbeats repeat the node's previous report word for word and get the same answer.
 So a POST to the heartbeat path is answered here from the entry the node's last full heartbeat
 left in Redis (marketplace.heartbeat_fast) when all of these hold:
 
@@ -12,22 +12,32 @@ left in Redis (marketplace.heartbeat_fast) when all of these hold:
 - that full heartbeat is younger than heartbeat_fast.FULL_EVERY_S.
 
 Then the heartbeat is counted in Redis (the node's latest time, its hour's count: one script
-call) and the stored answer is sent. Anything else, a Redis error included, goes to
-Django's handler with the body already read replayed to it, so the full path answers exactly
-as it would have: never a 500 from here.
+call) and the stored answer is sent.
+
+Otherwise the full path answers. A JSON report that Django's middleware would let through (an
+allowed host, HTTPS where required) goes straight to the heartbeat view, in a thread as
+Django runs it, with the request signals Django sends around it (they hand the database
+connection back to the pool): the middleware has nothing to do for an agent's bearer request
+(no session, cookie, CSRF or static file), and it and Django's handler cost more than half of
+a full heartbeat's server CPU (docs/benchmarks.md, "Heartbeats"). Anything else goes to
+Django's handler with the body already read replayed to it.
 """
 
-import asyncio
 import hmac
+import io
 import json
 import logging
 import time
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core import signals
+from django.core.handlers.asgi import ASGIRequest
+from django.core.handlers.exception import convert_exception_to_response
 from django.http.request import split_domain_port, validate_host
 
 from accounts.secrets import secret_digest, secret_prefix
-from config.redis import REDIS_ERRORS, pool_options
+from config.redis import REDIS_ERRORS, async_redis_client
 from marketplace import heartbeat_fast
 from marketplace.serializers import MAX_HEARTBEAT_BYTES
 
@@ -58,6 +68,8 @@ class HeartbeatFront:
             return
         answer = await _answer(scope, headers, body) if body is not None else None
         if answer is None:
+            if body is not None and _json(headers) and _django_would_serve(scope, headers):
+                return await _full(scope, body, send)
             return await self.app(scope, _replay(messages, receive), send)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"),
@@ -93,10 +105,45 @@ def _replay(messages, receive):
     return replayed
 
 
+def _json(headers: dict) -> bool:
+    content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+    return content_type == b"application/json"
+
+
+async def _full(scope, body: bytes, send) -> None:
+    """The full path's answer from the view itself (the module's docstring says why)."""
+    response = await sync_to_async(_view_answer, thread_sensitive=True)(scope, body)
+    headers = [(name.encode("latin-1"), value.encode("latin-1"))
+               for name, value in response.items()]
+    headers.append((b"content-length", str(len(response.content)).encode()))
+    await send({"type": "http.response.start", "status": response.status_code,
+                "headers": headers})
+    await send({"type": "http.response.body", "body": response.content})
+
+
+def _view_answer(scope, body: bytes):
+    from agentapi.views import AgentHeartbeat
+
+    global _VIEW
+    if _VIEW is None:
+        _VIEW = convert_exception_to_response(AgentHeartbeat.as_view())
+    signals.request_started.send(sender=HeartbeatFront, scope=scope)
+    try:
+        request = ASGIRequest(scope, io.BytesIO(body))
+        response = _VIEW(request)
+        if hasattr(response, "render"):
+            response.render()
+        return response
+    finally:
+        signals.request_finished.send(sender=HeartbeatFront)
+
+
+_VIEW = None
+
+
 async def _answer(scope, headers: dict, body: bytes) -> bytes | None:
     """The stored answer when the fast path may give it, else None."""
-    content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
-    if content_type != b"application/json" or not _django_would_serve(scope, headers):
+    if not _json(headers) or not _django_would_serve(scope, headers):
         return None
     scheme, _, credential = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
     credential = credential.strip()
@@ -150,23 +197,13 @@ def _django_would_serve(scope, headers: dict) -> bool:
     return True
 
 
-_clients: dict = {}
+_scripts: dict = {}
 
 
 def _redis():
-    """(client, the RECORD script on it): one asyncio Redis client per event loop (its
-    connections belong to that loop), on the pool options every Redis client of the platform
-    shares."""
-    import redis.asyncio
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
-
-    loop = asyncio.get_running_loop()
-    found = _clients.get(loop)
-    if found is None or found[0] != settings.REDIS_URL:
-        options = pool_options() | {"retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1)}
-        pool = redis.asyncio.BlockingConnectionPool.from_url(settings.REDIS_URL, **options)
-        client = redis.asyncio.Redis(connection_pool=pool)
-        found = _clients[loop] = (settings.REDIS_URL, client,
-                                  client.register_script(heartbeat_fast.RECORD))
-    return found[1:]
+    """(this event loop's client, the RECORD script on it)."""
+    client = async_redis_client()
+    script = _scripts.get(id(client))
+    if script is None or script.registered_client is not client:
+        script = _scripts[id(client)] = client.register_script(heartbeat_fast.RECORD)
+    return client, script

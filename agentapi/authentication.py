@@ -1,5 +1,6 @@
 """The node credential (`Authorization: Bearer rsn_...`), parsed once for every agent view."""
 
+from django.utils.functional import SimpleLazyObject
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
@@ -23,7 +24,8 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
             if exc.revoked:
                 raise exceptions.PermissionDenied(str(exc)) from None
             raise exceptions.AuthenticationFailed(str(exc)) from None
-        return node.owner, node
+        # The owner is read only if something asks for it: an agent's request rarely does.
+        return SimpleLazyObject(lambda: node.owner), node
 
     def authenticate_header(self, request):
         return self.keyword

@@ -89,8 +89,11 @@ class AgentHeartbeat(AgentView):
         report = request.body
         serializer = HeartbeatSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        result = marketplace.node_heartbeat_record(node_id=node.pk,
-                                                   report=serializer.validated_data)
+        with transaction.atomic():
+            result = marketplace.node_heartbeat_record(
+                node_id=node.pk, node=node, report=serializer.validated_data)
+            # Under the heartbeat's lock on the node's row, from the row it just wrote.
+            routing.deployments_sync(node_id=node.pk, locked=result.node)
         if result.first_report or result.hardware_changed or result.engine_changed:
             trigger = (VerificationRun.Trigger.ENROLMENT if result.first_report
                        else VerificationRun.Trigger.HARDWARE_CHANGE if result.hardware_changed
@@ -100,25 +103,23 @@ class AgentHeartbeat(AgentView):
         if result.uuid_conflicts_changed:
             # Its UUID finding, and its verdict, follow the conflict at once, run or no run.
             verification.node_rejudge(node_id=node.pk)
-        routing.deployments_sync(node_id=node.pk)
-        jobs = verification.jobs_for_node(node.pk)
+        work = verification.heartbeat_work(node_id=node.pk)
         # While a run measures the machine: its GPUs' power draw, and soon a heartbeat a second;
         # from the report that starts a run on, so that the draw is in before its load test.
-        report_power, interval = verification.heartbeat_power(node_id=node.pk, jobs=jobs)
-        report_power = report_power or result.first_report or result.hardware_changed
+        report_power = work.report_power or result.first_report or result.hardware_changed
         answer = {"node_id": node.pk, "status": result.node.status,
                   "needs_review": result.node.held_out,
-                  "heartbeat_interval_s": interval or settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
-                  "jobs": jobs, "report_power": report_power}
+                  "heartbeat_interval_s": work.interval or settings.RIGSHARE_HEARTBEAT_INTERVAL_S,
+                  "jobs": work.jobs, "report_power": report_power}
         engine = serializer.validated_data["engine"]
         if engine.get("supervisor") is not None:
             # The agent runs the engine: the command to run, the restarts asked for, and the
             # platform's yardstick while a verification run asks it to serve that instead.
             answer["engine"] = marketplace_selectors.node_engine_for_agent(result.node)
-            answer["engine"]["yardstick"] = verification.yardstick_for_agent(node_id=node.pk)
+            answer["engine"]["yardstick"] = work.yardstick
         # An agent that says nothing of keys (older than them) is not handed one.
         engine_key = marketplace.node_engine_key_sync(
-            node=node, held=engine.get("key_held"), in_use=engine.get("key_fingerprint"),
+            node=result.node, held=engine.get("key_held"), in_use=engine.get("key_fingerprint"),
             hand_over="key_held" in engine)
         if engine_key is not None:
             answer["engine_key"] = engine_key

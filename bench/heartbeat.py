@@ -77,7 +77,7 @@ from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from accounts.models import User  # noqa: E402
-from bench import procfs  # noqa: E402
+from bench import procfs, results  # noqa: E402
 from config.redis import redis_client  # noqa: E402
 from marketplace import heartbeat_fast, services  # noqa: E402
 from marketplace.models import NodeUptimeHour  # noqa: E402
@@ -434,6 +434,11 @@ def main() -> int:
             verdicts.append(f"fleet mix {rates['fleet']:,.0f}/s: "
                             f"{'met' if rates['fleet'] >= GOAL else 'MISSED'}")
         print(f"goal {GOAL:,} heartbeats/s: {'; '.join(verdicts)}")
+        for load in rates:
+            results.record("heartbeat", f"{load} hb/s", rates[load], "hb/s", better="higher",
+                           yardstick_us=yardstick * 1e6)
+            results.record("heartbeat", f"{load} CPU ms/hb", cost[load] * 1000, "ms",
+                           better="lower", yardstick_us=yardstick * 1e6)
         if "fast" in cost and "full" in cost:
             interval = settings.RIGSHARE_HEARTBEAT_INTERVAL_S
             fleet = 10_000

@@ -1,7 +1,7 @@
 """What the heartbeat fast path keeps in Redis (docs/agent-protocol.md, "Repeated reports").
 
 Most heartbeats repeat the node's previous report word for word. The full path
-(agentapi.views.AgentHeartbeat: ~20 queries) stores a report in PostgreSQL and, when its answer
+(agentapi.views.AgentHeartbeat: ~10 statements) stores a report in PostgreSQL and, when its answer
 is one a repeat would get again (online, no jobs, nothing about to change), leaves an entry
 here under the credential's prefix. agentapi.asgi answers a repeat from that entry before
 Django's handler, without PostgreSQL, and counts the heartbeat here;
@@ -40,7 +40,7 @@ PREFIX = "rigshare:heartbeat:"
 LIVE = PREFIX + "live"
 BEATS = PREFIX + "beats"
 # A repeated report takes the full path again once its entry is this old. It sets what a fleet
-# costs: at a 10 s interval one heartbeat in FULL_EVERY_S / 10 is full (~80x a fast one). Ten
+# costs: at a 10 s interval one heartbeat in FULL_EVERY_S / 10 is full (~15x a fast one). Ten
 # minutes is how often the platform looks up an engine's address again anyway
 # (marketplace.services.ENGINE_RECHECK), and what it leaves behind is display only (a card's
 # "last seen"): liveness and uptime move every flush, and every change that matters to an

@@ -5,6 +5,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.cache import cache
@@ -13,10 +14,11 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from accounts.models import User
-from accounts.secrets import secret_issue, secret_matches, secret_prefix
+from accounts.secrets import secret_check, secret_issue, secret_matches, secret_prefix
 from billing import pricing
 from billing import services as billing
 from billing.selectors import wallet_balance
+from config.prepared import Prepared
 from config.redis import REDIS_ERRORS
 from marketplace import (
     alerts,
@@ -73,15 +75,31 @@ class RentalRefused(MarketplaceError):
     pass
 
 
-# --- locks: taken only here, always card before rental, so two paths never deadlock ---
+# --- locks: taken only here, always card before rental, so two paths never deadlock. Row locks
+# on nodes and cards are FOR NO KEY UPDATE (what an UPDATE takes): a row that refers to them
+# (a finding, a capacity, an alert) checks its key at commit with FOR KEY SHARE, which a
+# FOR UPDATE would block while its holder waits for that row: a deadlock ---
 
 def _lock_card(card_id: int) -> Card:
-    return (Card.objects.select_for_update(of=("self",)).select_related("node", "listing")
-            .get(pk=card_id))
+    return (Card.objects.select_for_update(of=("self",), no_key=True)
+            .select_related("node", "listing").get(pk=card_id))
+
+
+# Read on every heartbeat: compiled once (config/prepared.py).
+_NODE_LOCKED = Prepared(lambda pk: Node.objects.select_for_update(no_key=True).filter(pk=pk)
+                        .order_by(), int)
+_NODE_BY_PREFIX = Prepared(lambda prefix: Node.objects.filter(credential_prefix=prefix)
+                           .order_by())
+_CARDS_OF_NODE = Prepared(lambda node_id: Card.objects.filter(node_id=node_id).order_by(), int)
 
 
 def _lock_node(node_id: int) -> Node:
-    return Node.objects.select_for_update().get(pk=node_id)
+    (node,) = _NODE_LOCKED(node_id) or _missing(Node)
+    return node
+
+
+def _missing(model):
+    raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
 
 
 # --- enrolment ---
@@ -144,11 +162,15 @@ def node_enroll(*, token: str, hostname: str, agent_version: str,
 
 def node_authenticate(*, credential: str) -> Node:
     prefix = secret_prefix(credential, "rsn")
-    node = Node.objects.filter(credential_prefix=prefix).first() if prefix else None
-    if node is None or not secret_matches(credential, node.credential_digest):
+    node = next(iter(_NODE_BY_PREFIX(prefix)), None) if prefix else None
+    kept = secret_check(credential, node.credential_digest) if node is not None else None
+    if kept is None:
         raise CredentialRefused("Unknown node credential.")
     if node.credential_revoked_at:
         raise CredentialRefused("This node's credential has been revoked.", revoked=True)
+    if kept != node.credential_digest:  # made under a SECRET_KEY since replaced
+        Node.objects.filter(pk=node.pk).update(credential_digest=kept)
+        node.credential_digest = kept
     return node
 
 
@@ -197,7 +219,7 @@ def engine_override_set(*, node_id: int, flag: str, value: str, reason: str,
     have been checked against the node (forms.EngineOverrideForm); here it is normalised, and
     a flag nobody may set or a value out of range is refused."""
     node = _lock_node(node_id) if owner is None else \
-        Node.objects.select_for_update().get(pk=node_id, owner=owner)
+        Node.objects.select_for_update(no_key=True).get(pk=node_id, owner=owner)
     try:
         value = engine_config.canonical_value(flag, value)
     except engine_config.OverrideError as exc:
@@ -254,12 +276,11 @@ class HeartbeatResult:
 ENGINE_RECHECK = timedelta(minutes=10)
 
 
-def _engine_connect(node_id: int, url: str, now: datetime) -> tuple[str, str] | None:
+def _engine_connect(node: Node, url: str, now: datetime) -> tuple[str, str] | None:
     """(connect URL, refusal) when the reported URL needs checking, None when the stored check
-    stands. Runs before the node's row is locked: a DNS lookup may take a while."""
-    stored = Node.objects.filter(pk=node_id).values("engine_url", "engine_checked_at").first()
-    if stored and stored["engine_url"] == url and stored["engine_checked_at"] \
-            and now - stored["engine_checked_at"] < ENGINE_RECHECK:
+    stands (`node` as read before its row is locked: a DNS lookup may take a while)."""
+    if node.engine_url == url and node.engine_checked_at \
+            and now - node.engine_checked_at < ENGINE_RECHECK:
         return None
     if not url:
         return "", ""
@@ -270,23 +291,42 @@ def _engine_connect(node_id: int, url: str, now: datetime) -> tuple[str, str] | 
     return checked.connect_url, ""
 
 
-def node_heartbeat_record(*, node_id: int, report: dict,
-                          now: datetime | None = None) -> HeartbeatResult:
-    """Store what the agent reports; the only writer of hardware facts. `report` is validated."""
+def node_heartbeat_record(*, node_id: int, report: dict, now: datetime | None = None,
+                          node: Node | None = None) -> HeartbeatResult:
+    """Store what the agent reports; the only writer of hardware facts. `report` is validated;
+    `node`: the node as the heartbeat's authentication read it, if it did (its row is read
+    again, locked)."""
     now = now or timezone.now()
     engine = report.get("engine") or {}
-    connect = _engine_connect(node_id, engine.get("url") or "", now)
+    connect = _engine_connect(node or Node.objects.get(pk=node_id), engine.get("url") or "", now)
     return _heartbeat_store(node_id=node_id, report=report, connect=connect, now=now)
 
 
-@transaction.atomic
+# A card's and a deployment's `last_seen_at` is moved this often, not at every heartbeat: it
+# is display only (the node's last_heartbeat_at is its liveness), and a write per card per
+# beat is most of what a repeated report would cost.
+SEEN_EVERY = timedelta(minutes=1)
+# What the heartbeat writes of a node; the row's other columns (verdicts, keys, holds) belong
+# to other writers and are never written back from this read.
+_NODE_REPORTED = (
+    "hostname", "os", "agent_version", "driver_version", "cuda_version", "has_nvidia",
+    "simulated", "cpu_model", "cpu_cores", "ram_mib", "disk_free_gb", "net_link_mbps",
+    "engine_versions", "engine_url", "engine_connect_url", "engine_checked_at",
+    "engine_reachable", "engine_models", "engine_served", "engine_error", "engine_state",
+    "engine_state_since", "engine_process", "engine_ready_digest", "hardware_changed_at",
+    "status", "status_changed_at", "last_heartbeat_at")
+
+
+@transaction.atomic(savepoint=False)  # inside the heartbeat's transaction: no savepoint
 def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | None,
                      now: datetime) -> HeartbeatResult:
     node = _lock_node(node_id)
+    before = {name: getattr(node, name) for name in _NODE_REPORTED}
     engine = report.get("engine") or {}
     gpus = report.get("gpus") or []
 
-    existing = {card.index: card for card in node.cards.all()}
+    cards = _CARDS_OF_NODE(node.pk)
+    existing = {card.index: card for card in cards}
     first_report = not existing and bool(gpus)
     changed = node.driver_version != (report.get("driver_version") or "") and bool(
         node.last_heartbeat_at)
@@ -305,6 +345,7 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
             card = Card.objects.create(node=node, index=gpu["index"], first_seen_at=now,
                                        last_seen_at=now, **facts)
             Listing.objects.create(card=card)
+            cards.append(card)
             changed = changed or bool(node.last_heartbeat_at)
             continue
         if any(getattr(card, name) != facts[name] for name in _IDENTITY_FACTS) or not card.present:
@@ -312,16 +353,24 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
         if any(None not in (getattr(card, name), facts[name]) and getattr(card, name) != facts[name]
                for name in _IDENTITY_FACTS_ONCE_KNOWN):
             changed = True
-        for name, value in facts.items():
-            setattr(card, name, value)
+        moved = [name for name, value in facts.items() if getattr(card, name) != value]
+        if not moved and card.present and now - card.last_seen_at < SEEN_EVERY:
+            continue
+        for name in moved:
+            setattr(card, name, facts[name])
         card.present, card.last_seen_at = True, now
-        card.save()
+        # The card's row was read unlocked: write only what the heartbeat owns, never a stale
+        # copy of a verdict published meanwhile.
+        card.save(update_fields=[*moved, "present", "last_seen_at"])
     gone = [card.pk for index, card in existing.items()
             if index not in seen_indexes and card.present]
     if gone:
         changed = True
         Card.objects.filter(pk__in=gone).update(present=False)
         Listing.objects.filter(card_id__in=gone).update(is_listed=False)
+        for card in cards:
+            if card.pk in gone:
+                card.present = False
 
     was_online = node.is_online
     node.hostname = report.get("hostname", "")
@@ -362,24 +411,36 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
             alerts.node_back(node=node, now=now)  # back, not a machine's first report
         node.status, node.status_changed_at = Node.Status.ONLINE, now
         NodeStatusChange.objects.create(node=node, status=Node.Status.ONLINE, at=now)
-    node.save()
+    node.save(update_fields=[name for name in _NODE_REPORTED
+                             if getattr(node, name) != before[name]])
 
     hour = uptime.hour_floor(now)
-    bumped = NodeUptimeHour.objects.filter(node=node, hour=hour).update(
-        heartbeats=F("heartbeats") + 1)
-    if not bumped:
+    if not _uptime_bump(node.pk, hour):
         # The node row lock serialises this node's heartbeats, so no other writer races here.
         NodeUptimeHour.objects.create(node=node, hour=hour, heartbeats=1)
-    nodes_refresh_reliability(node_ids=[node.pk], now=now)
-    conflicts_changed = uuid_conflicts_refresh(node=node, now=now)
+    if first_report or not was_online:
+        # Its reliability shows at once; the beat refreshes every node's each minute.
+        node.reliability_pct = nodes_refresh_reliability(node_ids=[node.pk], now=now)[node.pk]
+    conflicts_changed = uuid_conflicts_refresh(node=node, now=now, cards=cards)
     if changed or first_report or not was_online:
         # This node's GPUs changed, or it is back and holds its UUIDs again: the nodes sharing
         # a UUID with it are judged again at their next heartbeat, not from a repeated answer.
         node_heartbeat_forget(node_ids=_uuid_neighbours(node))
-    node.refresh_from_db(fields=["reliability_pct", "uuid_conflict"])
     return HeartbeatResult(node=node, hardware_changed=changed, first_report=first_report,
                            uuid_conflicts_changed=conflicts_changed,
                            engine_changed=engine_changed and not first_report)
+
+
+def _uptime_bump(node_id: int, hour: datetime) -> bool:
+    """One more heartbeat in the node's hour, if its bucket exists (a statement written once:
+    the ORM's update() would compile it at every heartbeat)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_UPTIME_BUMP, [node_id, connection.ops.adapt_datetimefield_value(hour)])
+        return cursor.rowcount == 1
+
+
+_UPTIME_BUMP = (f"UPDATE {NodeUptimeHour._meta.db_table} SET heartbeats = heartbeats + 1 "
+                "WHERE node_id = %s AND hour = %s")
 
 
 def _engine_process_store(node: Node, report: dict | None, *, now: datetime) -> bool:
@@ -427,8 +488,27 @@ def node_engine_key_sync(*, node: Node, held: str | None, in_use: str | None,
     if (not node.engine_key_next and held is not None and held == node.engine_key_fingerprint
             and engine_keys.unseal(node.engine_key_sealed)):
         return None
+    current = engine_keys.unseal(node.engine_key_sealed)
+    wanted = engine_keys.unseal(node.engine_key_next)
+    if _engine_key_moves(node, current, wanted, in_use):
+        current, wanted = _engine_key_move(node.pk, in_use)
+    newest = wanted or current
+    if not hand_over or held == engine_keys.fingerprint(newest):
+        return None
+    return {"key": newest, "fingerprint": engine_keys.fingerprint(newest)}
+
+
+def _engine_key_moves(node: Node, current: str, wanted: str, in_use: str | None) -> bool:
+    """Whether the node's key columns change on this word from its agent."""
+    return bool((wanted and in_use and in_use == engine_keys.fingerprint(wanted))
+                or (current and node.engine_key_fingerprint != engine_keys.fingerprint(current))
+                or (not current and not wanted))
+
+
+def _engine_key_move(node_id: int, in_use: str | None) -> tuple[str, str]:
+    """Write what the agent's word changes, under the node's lock: (current, wanted) after."""
     with transaction.atomic():
-        node = _lock_node(node.pk)
+        node = _lock_node(node_id)
         current = engine_keys.unseal(node.engine_key_sealed)
         wanted = engine_keys.unseal(node.engine_key_next)
         fields = []
@@ -446,10 +526,24 @@ def node_engine_key_sync(*, node: Node, held: str | None, in_use: str | None,
             fields.append("engine_key_next")
         if fields:
             node.save(update_fields=fields)
-    newest = wanted or current
-    if not hand_over or held == engine_keys.fingerprint(newest):
-        return None
-    return {"key": newest, "fingerprint": engine_keys.fingerprint(newest)}
+    return current, wanted
+
+
+def engine_keys_reseal() -> int:
+    """Seal again under SECRET_KEY every engine key a fallback sealed (after SECRET_KEY
+    rotated): the keys themselves do not change, so no engine restarts. Returns how many."""
+    resealed = 0
+    rows = Node.objects.exclude(engine_key_sealed="", engine_key_next="").values_list(
+        "pk", "engine_key_sealed", "engine_key_next")
+    for pk, sealed, sealed_next in rows.iterator():
+        fields = {name: fresh for name, fresh in (
+            ("engine_key_sealed", engine_keys.reseal(sealed)),
+            ("engine_key_next", engine_keys.reseal(sealed_next))) if fresh is not None}
+        # Only where the row still holds what was read: a key rotated meanwhile stays.
+        if fields and Node.objects.filter(pk=pk, engine_key_sealed=sealed,
+                                          engine_key_next=sealed_next).update(**fields):
+            resealed += len(fields)
+    return resealed
 
 
 def node_engine_key_rotate(*, node_id: int, owner: User | None = None) -> bool:
@@ -601,7 +695,8 @@ def _heartbeats_give_back(times: dict, counts: dict, why: str) -> None:
 UUID_RELEASE_AFTER = timedelta(days=7)
 
 
-def uuid_conflicts_refresh(*, node: Node, now: datetime | None = None) -> bool:
+def uuid_conflicts_refresh(*, node: Node, now: datetime | None = None,
+                           cards: list[Card] | None = None) -> bool:
     """Open or close this node's UuidConflicts from what every node reports now; returns
     whether any opened or closed. Called with the node's row locked (its heartbeat).
 
@@ -610,9 +705,15 @@ def uuid_conflicts_refresh(*, node: Node, now: datetime | None = None) -> bool:
     newcomer: flagged (`uuid_conflict`) and kept out of the catalog and shared traffic. The
     incumbent is never flagged by a newcomer, so copying a UUID cannot take a competitor off
     the market. The flag clears itself when the conflict is gone: the newcomer stops
-    reporting the UUID, or the incumbent lets go of it."""
+    reporting the UUID, or the incumbent lets go of it. `cards`: the node's cards as its
+    heartbeat just stored them (read here otherwise). A node with no conflict open and no
+    UUID held by another costs one query."""
     now = now or timezone.now()
-    mine = {c.uuid: c for c in node.cards.filter(present=True).exclude(uuid="")}
+    if cards is None:
+        cards = list(node.cards.all())
+    mine = {c.uuid: c for c in cards if c.present and c.uuid}
+    if not node.uuid_conflict and not (mine and _uuids_shared(node.pk, list(mine))):
+        return False  # none open (the flag says whether any is), nobody else reports its GPUs
     holders = (Card.objects.filter(uuid__in=list(mine), present=True,
                                    node__credential_revoked_at__isnull=True,
                                    node__last_heartbeat_at__gte=now - UUID_RELEASE_AFTER)
@@ -623,6 +724,8 @@ def uuid_conflicts_refresh(*, node: Node, now: datetime | None = None) -> bool:
         card = mine[uuid]
         if uuid not in held_by and (first_seen, pk) < (card.first_seen_at, card.pk):
             held_by[uuid] = holder_node
+    if not held_by and not node.uuid_conflict:
+        return False  # none to open, none open (the flag says whether any is)
     changed = False
     for conflict in UuidConflict.objects.filter(node=node, closed_at__isnull=True):
         if held_by.get(conflict.uuid) != conflict.incumbent_id:
@@ -643,6 +746,19 @@ def uuid_conflicts_refresh(*, node: Node, now: datetime | None = None) -> bool:
         Node.objects.filter(pk=node.pk).update(uuid_conflict=flagged)
         node.uuid_conflict = flagged
     return changed
+
+
+_SHARED: dict[int, Prepared] = {}  # by the number of UUIDs: compiled once each
+
+
+def _uuids_shared(node_id: int, uuids: list[str]) -> bool:
+    """Whether another node's present card reports one of these UUIDs."""
+    prepared = _SHARED.get(len(uuids))
+    if prepared is None:
+        prepared = _SHARED.setdefault(len(uuids), Prepared(
+            lambda node_id, *uuids: Card.objects.filter(uuid__in=uuids, present=True)
+            .exclude(node_id=node_id).order_by().only("pk")[:1], int, *[str] * len(uuids)))
+    return bool(prepared(node_id, *uuids))
 
 
 def nodes_mark_offline(*, now: datetime | None = None) -> list[int]:
@@ -669,8 +785,9 @@ def nodes_mark_offline(*, now: datetime | None = None) -> list[int]:
 
 
 def nodes_refresh_reliability(*, node_ids: list[int] | None = None,
-                              now: datetime | None = None) -> int:
-    """Recompute reliability over the window (or since enrolment) from the uptime buckets."""
+                              now: datetime | None = None) -> dict[int, Decimal]:
+    """Recompute reliability over the window (or since enrolment) from the uptime buckets;
+    returns each node's."""
     now = now or timezone.now()
     interval = settings.RIGSHARE_HEARTBEAT_INTERVAL_S
     window_start = now - timedelta(days=settings.RIGSHARE_RELIABILITY_WINDOW_DAYS)
@@ -687,7 +804,7 @@ def nodes_refresh_reliability(*, node_ids: list[int] | None = None,
         updates.append(Node(pk=node_id,
                             reliability_pct=uptime.reliability_pct(credited[node_id], window)))
     Node.objects.bulk_update(updates, ["reliability_pct"], batch_size=500)
-    return len(updates)
+    return {row.pk: row.reliability_pct for row in updates}
 
 
 # --- listings ---

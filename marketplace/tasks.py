@@ -12,7 +12,7 @@ def nodes_mark_offline() -> int:
 
 @shared_task(acks_late=True)
 def nodes_refresh_reliability() -> int:
-    return services.nodes_refresh_reliability()
+    return len(services.nodes_refresh_reliability())
 
 
 @shared_task(acks_late=True)
