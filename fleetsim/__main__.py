@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="drop each stream's connection after N tokens (fault injection)")
     serve.add_argument("--max-concurrency", type=_positive_int, metavar="N",
                        help="override the profile's number of concurrently running requests")
+    serve.add_argument("--api-key", help="answer /v1 requests only with this key (as vLLM's "
+                       "--api-key)")
     serve.add_argument("--enable-prompt-tokens-details", action="store_true",
                        help="as vLLM's flag: usage says how many prompt tokens were cached")
     other = serve.add_argument_group(
@@ -147,7 +149,8 @@ def cmd_serve(args) -> int:
     app = EngineServer(profile, time_scale=args.time_scale,
                        die_after_tokens=args.die_after_tokens,
                        max_concurrency=args.max_concurrency,
-                       prompt_tokens_details=args.enable_prompt_tokens_details)
+                       prompt_tokens_details=args.enable_prompt_tokens_details,
+                       api_key=args.api_key or None)
     print(f"fleetsim: {profile.title} serving {profile.model} at http://{args.host}:{args.port} "
           f"(time scale {args.time_scale:g})", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="off")

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import uvicorn
 
+from agent.supervisor import KEY_PLACEHOLDER
 from fleetsim.profiles import Profile, get_profile, machine_ids
 from fleetsim.server import EngineServer
 
@@ -47,6 +48,8 @@ class Machine:
     credential_file: Path
     token: str | None
     own_engine: bool = False  # the agent runs the engine as its child
+    # Its engine answers only with the engine key the platform hands its agent (--api-key).
+    engine_key: bool = False
 
     @property
     def engine_url(self) -> str:
@@ -185,7 +188,8 @@ def agent_run_args(machine: Machine, time_scale: float = 1.0) -> list[str]:
     if machine.own_engine:
         args += ["--engine-command", shlex.join([
             sys.executable, "-m", "fleetsim", "serve", "--profile", machine.profile.key,
-            "--port", str(machine.port), "--time-scale", f"{time_scale:g}"]),
+            "--port", str(machine.port), "--time-scale", f"{time_scale:g}",
+            *(["--api-key", KEY_PLACEHOLDER] if machine.engine_key else [])]),
             "--state-dir", str(machine.credential_file.with_suffix(".engine")),
             "--stop-timeout", f"{ENGINE_STOP_TIMEOUT_S:g}"]
     return args

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import os
 import threading
@@ -47,6 +48,11 @@ class BadRequest(Exception):
                           "code": self.code}}
 
 
+def _bearer_is(scope, key: str) -> bool:
+    given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+    return hmac.compare_digest(given, f"Bearer {key}".encode())
+
+
 class _ClientGone(Exception):
     """The client disconnected before we answered: there is no one to answer."""
 
@@ -58,14 +64,17 @@ class EngineServer:
     drops each streamed response's connection after that many tokens, like a crashed worker;
     max_concurrency overrides the profile's (tests use it to queue with few requests);
     prompt_tokens_details is vLLM's --enable-prompt-tokens-details: a vLLM profile's usage then
-    says how many prompt tokens came from its prefix cache (`cached_tokens`).
+    says how many prompt tokens came from its prefix cache (`cached_tokens`). api_key is vLLM's
+    and llama-server's --api-key: every /v1 request must carry it (`Authorization: Bearer`),
+    as the engine key the platform hands a node's engine (marketplace/engine_keys.py).
     """
 
     def __init__(self, profile: Profile, *, time_scale: float = 1.0,
                  die_after_tokens: int | None = None, max_concurrency: int | None = None,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS,
-                 prompt_tokens_details: bool = False):
+                 prompt_tokens_details: bool = False, api_key: str | None = None):
         self.profile = profile
+        self.api_key = api_key
         if die_after_tokens is not None and die_after_tokens < 1:
             raise ValueError("die_after_tokens must be at least 1")
         self.engine = Engine(profile, time_scale=time_scale, max_concurrency=max_concurrency)
@@ -108,6 +117,9 @@ class EngineServer:
         if path not in routes:
             raise BadRequest(404, f"Not found: {path}", type_="not_found_error")
         want, handler = routes[path]
+        if self.api_key and path.startswith("/v1/") and not _bearer_is(scope, self.api_key):
+            await _send_json(send, 401, {"error": "Unauthorized"})  # vLLM's answer
+            return
         if method != want:
             raise BadRequest(405, f"Method {method} not allowed on {path}")
         if method == "GET":

@@ -26,6 +26,10 @@ on an affinity key, bounded by load. Pure: plain values in, plain values out, no
 - **Cold start.** A worker new to traffic (newly verified, a new deployment, a node back
   online: its prefix cache is empty) enters at a quarter of its weight and takes a quarter
   more each RAMP_STEP_S (`ramp`, computed with the snapshot): never at zero, never flooded.
+- **Follow the latest turn.** A follow-up whose conversation was last served by another
+  worker than its key's (a spill, a retry) goes back to that worker while it is under its
+  bound and has a slot free: it holds the longer history (`holder`, kept by
+  routing/followups.py). Otherwise the ranking decides as above.
 - **Retry** goes to the next worker of the same ranking.
 """
 
@@ -58,7 +62,13 @@ class Affinity:
 @dataclass(frozen=True)
 class Placement:
     workers: tuple[Worker, ...]  # the first serves; the rest, in order, are the retries
-    affinity: str  # HIT: the key's own worker; SPILL: it was too busy; NEW: nothing to find
+    # HIT: the worker holding the conversation (the latest turn's, else the key's own);
+    # SPILL: it was too busy; NEW: nothing to find.
+    affinity: str
+    # The deployment the next turn goes to unless told otherwise: the latest turn's worker
+    # when it was asked for (`holder`), else the key's own. A turn served elsewhere is
+    # recorded (routing/followups.py).
+    expected: int | None = None
 
 
 def _digest(*parts: str) -> bytes:
@@ -157,11 +167,13 @@ TOP = 8  # the ranking's head that placement walks; the whole ranking only if al
 
 
 def place(workers: Sequence[Worker] | Fleet, affinity: Affinity,
-          load: Mapping[int, int] | None = None, limit: int = 2) -> Placement:
+          load: Mapping[int, int] | None = None, limit: int = 2,
+          holder: int | None = None) -> Placement:
     """Up to `limit` workers for the request: the first in the key's ranking under its load
     bound, then the ranking's next ones as retries. In flight per worker: the fleet's load
     column (every router process's, as last exchanged) plus `load` (requests per deployment
-    id sent since)."""
+    id sent since). `holder`: the deployment that served the conversation's latest turn, first
+    if it may take the request."""
     fleet = Fleet.of(workers)
     n = len(fleet)
     if not n:
@@ -193,6 +205,13 @@ def place(workers: Sequence[Worker] | Fleet, affinity: Affinity,
     within = bounded & free
     if not within[order].any():  # the head is busy: walk the whole ranking
         order = np.argsort(-scores, kind="stable")
+    top = int(fleet.cols["id"][order[0]])
+    if holder is not None:
+        held = np.flatnonzero(fleet.cols["id"] == holder)
+        if held.size and within[held[0]]:
+            rest = order[order != held[0]]
+            picked = [int(held[0]), *rest[:limit - 1]]
+            return Placement(tuple(fleet[i] for i in picked), HIT, holder)
     # The first under its bound with a slot free; else the first with a slot free (past the
     # concurrency it was verified at, a worker queues: a free slot elsewhere answers sooner);
     # else the first under its bound; else the first with a slot free by all this process
@@ -202,4 +221,5 @@ def place(workers: Sequence[Worker] | Fleet, affinity: Affinity,
     # The retry is the next in the ranking; those over their bound come last (TOP > limit).
     picked = [*order[chosen:], *order[:chosen]][:limit]
     verdict = NEW if not affinity.follow_up else (HIT if chosen == 0 else SPILL)
-    return Placement(tuple(fleet[int(i)] for i in picked), verdict)
+    return Placement(tuple(fleet[int(i)] for i in picked), verdict,
+                     top if holder is None else holder)

@@ -26,6 +26,7 @@ from routing import (
     balancer,
     calls,
     errors,
+    followups,
     metrics,
     openai,
     placement,
@@ -106,9 +107,17 @@ class Outcome:
     estimated: bool = False
     ttft_s: float | None = None
     affinity: str = balancer.NEW  # hit, spill or new (routing/balancer.py)
-    # Requests in flight to its worker while it ran, itself included: the most seen when it
-    # was sent and when it ended (routing/traffic.py judges its speed at this concurrency).
+    # (affinity key, the deployment its next turn goes to unless told): a turn served by
+    # another is recorded for the next (routing/followups.py).
+    follow: tuple[bytes, int | None] | None = None
+    # Requests in flight to its worker while it ran, itself included: the most seen at any
+    # moment from when it was sent to when it ended (routing/traffic.py judges its speed at
+    # this concurrency). Requests from other server processes count as far as the last load
+    # exchange knows them.
     concurrency: int | None = None
+    # When its stream ended (its last event, a failure or the client gone): the request's
+    # latency, and its decode time, end there, not after the billing that follows it.
+    ended: float | None = None
 
     def in_flight(self) -> None:
         if self.worker is not None:
@@ -117,7 +126,10 @@ class Outcome:
 
     def finish(self) -> None:
         self.in_flight()
-        latency = time.perf_counter() - self.started
+        if self.follow is not None and self.status == 200 and self.worker is not None \
+                and self.worker.deployment_id != self.follow[1]:
+            followups.served(self.follow[0], self.worker.deployment_id)
+        latency = (self.ended or time.perf_counter()) - self.started
         metrics.observe(self, latency)
         requestlog.add(self, latency)
 
@@ -205,16 +217,22 @@ async def _handle(endpoint: str, raw: bytes, authorization: str, session: str | 
                                   code=errors.ErrorCode.MODEL_NOT_FOUND)
         room = model.context_length - request.prompt_tokens
         max_tokens = request.max_tokens or max(1, min(DEFAULT_MAX_TOKENS, room))
-        found = placement.eligible(snap.workers.get(model.name, ()), user_id=key.user_id,
+        fleet = snap.workers.get(model.name, ())
+        found = placement.eligible(fleet, user_id=key.user_id,
                                    context_needed=request.prompt_tokens + max_tokens,
                                    model_context=model.context_length,
                                    open_ids=BREAKER.open_ids())
         if isinstance(found, errors.ApiError):
             raise found
-        placed = balancer.place(found, balancer.affinity(request.body, request.endpoint,
-                                                         session),
-                                snap.sent_since(), POLICY.attempts)
+        affinity = balancer.affinity(request.body, request.endpoint, session)
+        holder = await followups.holder(affinity.key) if affinity.follow_up else None
+        placed = balancer.place(found, affinity, snap.sent_since(), POLICY.attempts,
+                                holder=holder)
         candidates, outcome.affinity = list(placed.workers), placed.affinity
+        # Where some worker could not take it (its circuit open, its context too small), the
+        # ranking here is not the next turn's: whoever serves this one is recorded.
+        outcome.follow = (affinity.key,
+                          placed.expected if len(found) == len(fleet) else None)
         if key.allowed_models and model.name not in key.allowed_models:
             raise errors.PermissionDenied(f"This API key may not use '{model.name}'.",
                                           code=errors.ErrorCode.MODEL_NOT_ALLOWED)
@@ -294,9 +312,8 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
         outcome.worker = worker
         body = openai.upstream_body(request, engine_model=worker.engine_model,
                                     max_tokens=max_tokens)
-        INFLIGHT[worker.deployment_id] += 1
         outcome.concurrency = None
-        outcome.in_flight()
+        _slot_taken(worker, outcome)
         handed_over = False
         attempt = None  # what to stop if the request ends here: a task or an engine's stream
         try:
@@ -334,7 +351,7 @@ async def _proxy(request: openai.InferenceRequest, public_model: str, max_tokens
             raise
         finally:
             if not handed_over:
-                _slot_free(worker)
+                _slot_free(worker, outcome)
     await _release(await _hold_once_known(hold, reserving, outcome.request_id))
     return _error(last_error, outcome)
 
@@ -380,10 +397,33 @@ async def _settle_late(reserving, hold, request, worker, outcome) -> None:
                   outcome, finish=True)
 
 
-def _slot_free(worker: placement.Worker) -> None:
-    INFLIGHT[worker.deployment_id] -= 1
-    if INFLIGHT[worker.deployment_id] <= 0:
-        del INFLIGHT[worker.deployment_id]
+# The requests this process has in flight per deployment: each one's concurrency rises to
+# the most in flight while it runs, so that a stream sent first and ended last, alone at both
+# ends, is still judged at the concurrency it decoded at.
+RUNNING: dict[int, dict[int, Outcome]] = {}
+
+
+def _slot_taken(worker: placement.Worker, outcome: Outcome) -> None:
+    deployment = worker.deployment_id
+    INFLIGHT[deployment] += 1
+    running = RUNNING.setdefault(deployment, {})
+    running[id(outcome)] = outcome
+    now = pool_in_flight(deployment)
+    for other in running.values():
+        if (other.concurrency or 0) < now:
+            other.concurrency = now
+
+
+def _slot_free(worker: placement.Worker, outcome: Outcome) -> None:
+    deployment = worker.deployment_id
+    INFLIGHT[deployment] -= 1
+    if INFLIGHT[deployment] <= 0:
+        del INFLIGHT[deployment]
+    running = RUNNING.get(deployment)
+    if running is not None:
+        running.pop(id(outcome), None)
+        if not running:
+            del RUNNING[deployment]
 
 
 def _upstream_failed(worker: placement.Worker, message: str) -> _Retry:
@@ -427,11 +467,22 @@ async def _answer(resp, worker, public_model, hold, request, outcome) -> HttpRes
     return JsonResponse(data)
 
 
+# An engine's answers that say something about the engine, not the request: 401 and 403 (it
+# does not take the engine key the platform sent), 404 and 405 (it does not serve the model or
+# the route the platform placed there).
+WORKERS_OWN = frozenset({401, 403, 404, 405})
+
+
 def _check_status(worker, status: int, content: bytes) -> None:
     if status == 200:
         return
     if status >= 500 or status == 429:
         raise _upstream_failed(worker, f"The worker answered HTTP {status}.")
+    if status in WORKERS_OWN:
+        # The engine refused the platform (its engine key) or has no such model or route:
+        # the worker's fault, never the client's, whose key and request were good.
+        raise _upstream_failed(worker, f"The worker refused the platform's request "
+                               f"(HTTP {status}).")
     if openai.is_context_rejection(status, content):
         # Our estimate fitted, the engine's count did not: another worker may hold it.
         raise _Retry(errors.ContextLengthExceeded(openai.engine_error(status, content).message))
@@ -515,6 +566,7 @@ class _Relay:
                     self.outcome.ttft_s = time.perf_counter() - self.outcome.started
                     BREAKER.success(self.worker.deployment_id)
                 if self.state.done:  # the last event: its usage is kept before it leaves
+                    self.outcome.ended = time.perf_counter()
                     await self._record_final()
                 elif self.state.delivered:
                     self._checkpoint()
@@ -561,8 +613,10 @@ class _Relay:
         if self.closed:
             return
         self.closed = True
+        if self.outcome.ended is None:
+            self.outcome.ended = time.perf_counter()
         # Closing the engine's response drops its connection: the engine stops generating.
-        _slot_free(self.worker)
+        _slot_free(self.worker, self.outcome)
         _spawn(_finish_stream(self))
 
 

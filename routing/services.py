@@ -2,13 +2,14 @@
 health check of every engine."""
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import httpx
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from config.prepared import Prepared
 from marketplace import engine_keys
 from marketplace import services as marketplace
 from marketplace.models import Node
@@ -16,7 +17,6 @@ from routing.models import Deployment
 
 HEALTH_TIMEOUT_S = 3.0
 UNHEALTHY_AFTER = 2  # failed checks in a row before a deployment leaves the pool
-SEEN_EVERY = timedelta(minutes=1)  # last_seen_at is refreshed this often, not every beat
 
 
 def _served(node: Node) -> list[dict]:
@@ -28,18 +28,25 @@ def _served(node: Node) -> list[dict]:
                                  "quantization": ""} for i in node.engine_models]
 
 
-@transaction.atomic
-def deployments_sync(*, node_id: int, now: datetime | None = None) -> list[int]:
+_DEPLOYMENTS_OF_NODE = Prepared(lambda node_id: Deployment.objects.filter(node_id=node_id)
+                                .order_by(), int)  # every heartbeat: compiled once
+
+
+@transaction.atomic(savepoint=False)  # inside the heartbeat's transaction: no savepoint
+def deployments_sync(*, node_id: int, now: datetime | None = None,
+                     locked: Node | None = None) -> list[int]:
     """Match the node's deployments to its latest heartbeat; returns the ids it serves. The
     node's row is locked: two heartbeats of one node at once (an agent's retry overlapping its
-    first try) must not both create its new deployment."""
+    first try) must not both create its new deployment. `locked`: the node's row as read under
+    that lock in the caller's transaction (the heartbeat's); locked and read here otherwise."""
     now = now or timezone.now()
-    node = Node.objects.select_for_update().get(pk=node_id)
+    node = locked if locked is not None else \
+        Node.objects.select_for_update(no_key=True).get(pk=node_id)
     # An engine the agent is draining (or starting, or restarting) takes no new request: its
     # deployments leave the pool (the change feed follows `reported`) until it is ready again.
     serving = node.engine_reachable and node.engine_takes_work
     served = {item["id"]: item for item in _served(node)} if serving else {}
-    existing = {d.engine_model_id: d for d in Deployment.objects.filter(node_id=node_id)}
+    existing = {d.engine_model_id: d for d in _DEPLOYMENTS_OF_NODE(node_id)}
     ids = []
     for engine_model_id, item in served.items():
         facts = {"engine": item.get("engine") or "", "max_context": item.get("max_context"),
@@ -48,12 +55,13 @@ def deployments_sync(*, node_id: int, now: datetime | None = None) -> list[int]:
         if row is None:
             row = Deployment.objects.create(node_id=node_id, engine_model_id=engine_model_id,
                                             first_seen_at=now, last_seen_at=now, **facts)
-        elif (not row.reported or now - row.last_seen_at >= SEEN_EVERY
+        elif (not row.reported or now - row.last_seen_at >= marketplace.SEEN_EVERY
               or any(getattr(row, k) != v for k, v in facts.items())):
             for name, value in facts.items():
                 setattr(row, name, value)
             row.reported, row.last_seen_at = True, now
-            row.save()
+            # Only what the heartbeat owns: health checks and metrics write the rest unlocked.
+            row.save(update_fields=[*facts, "reported", "last_seen_at"])
         ids.append(row.pk)
     gone = [d.pk for key, d in existing.items() if key not in served and d.reported]
     if gone:

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET
 
 from accounts import security
 from billing.pricing import micros_to_usd, usd_per_token
+from config.client_ip import client_ip
 from config.spreadsheet import Echo, text_cell
 from routing import errors, metrics, proxy, selectors, served
 from routing.forms import ActivityFilterForm, cursor_text
@@ -127,8 +128,8 @@ def _may_scrape(request) -> bool:
     if token:
         sent = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         return hmac.compare_digest(sent.encode(), token.encode())
-    try:  # no token configured: only from this machine
-        return ipaddress.ip_address(request.META.get("REMOTE_ADDR", "")).is_loopback
+    try:  # no token configured: only from this machine (not through a proxy on it)
+        return ipaddress.ip_address(client_ip(request) or "").is_loopback
     except ValueError:
         return False
 

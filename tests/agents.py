@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from agent.credential import write_credential
 from fleetsim.fleet import Machine, agent_run_args
@@ -26,9 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class Agents:
-    """start(profile key, machine id, own_engine=True) enrols a simulated machine of `owner`'s
-    and starts its agent; leaving the block stops every agent (their logs printed, for a test
-    that failed)."""
+    """start(profile key, machine id, own_engine=True, engine_key=False) enrols a simulated
+    machine of `owner`'s and starts its agent (with `engine_key`, its engine answers only with
+    the engine key the platform hands the agent); leaving the block stops every agent (their
+    logs printed, for a test that failed)."""
 
     def __init__(self, platform_url: str, owner, tmp_path: Path):
         self.platform_url, self.owner, self.tmp_path = platform_url, owner, tmp_path
@@ -46,7 +48,8 @@ class Agents:
                                                   stderr=subprocess.STDOUT, env=self.env,
                                                   start_new_session=True), log))
 
-    def start(self, key: str, machine_id: str, *, own_engine: bool = True) -> int:
+    def start(self, key: str, machine_id: str, *, own_engine: bool = True,
+              engine_key: bool = False) -> int:
         _, token = marketplace.enrolment_token_create(owner=self.owner)
         enrolment = marketplace.node_enroll(token=token, hostname=machine_id,
                                             agent_version="0.1.0")
@@ -55,7 +58,7 @@ class Agents:
                                       "node_id": enrolment.node.pk,
                                       "credential": enrolment.credential})
         machine = Machine(machine_id, get_profile(key), free_port(), credential, None,
-                          own_engine=own_engine)
+                          own_engine=own_engine, engine_key=engine_key)
         log = self.tmp_path / f"{machine_id}.log"
         if not own_engine:  # the provider runs the engine: the agent only reports on it
             self._spawn([sys.executable, "-m", "fleetsim", "serve", "--profile", key, "--port",
@@ -96,9 +99,18 @@ def verify(node_id: int, run: VerificationRun | None = None) -> VerificationRun:
         node_id=node_id).first())
     wait_for("probes answered", lambda: not ProbeJob.objects.filter(
         run=run, status="pending").exists())
-    wait_for("engine ready", lambda: Node.objects.get(pk=node_id).engine_takes_work
-             and Node.objects.get(pk=node_id).engine_reachable)
-    assert services.run_load_test(run_id=run.pk)
-    assert services.run_evaluate(run_id=run.pk) and services.run_publish(run_id=run.pk)
+    for _ in range(2):
+        wait_for("engine ready", lambda: Node.objects.get(pk=node_id).engine_takes_work
+                 and Node.objects.get(pk=node_id).engine_reachable)
+        assert services.run_load_test(run_id=run.pk)
+        if services.run_evaluate(run_id=run.pk):
+            break
+        # Serving read short is read again before a card is flagged on it: now, not later.
+        run.refresh_from_db()
+        assert run.status == "probing" and run.first_reading
+        VerificationRun.objects.filter(pk=run.pk).update(measure_after=timezone.now())
+        wait_for("the run ready for its second reading",
+                 lambda: run.pk in services.runs_ready_for_load_test())
+    assert services.run_publish(run_id=run.pk)
     run.refresh_from_db()
     return run

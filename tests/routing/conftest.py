@@ -3,6 +3,7 @@ as workers, the official openai SDK and httpx as clients."""
 
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
@@ -24,6 +25,36 @@ MODEL = "qwen3-27b"
 IN_PER_MTOK = 200_000  # $0.20 per 1M input tokens
 OUT_PER_MTOK = 800_000  # $0.80 per 1M output tokens
 TIME_SCALE = 40  # fleetsim engines run this many times faster than the cards
+
+
+@dataclass
+class Seen:
+    """One stream as its client saw it: the tokens after the first, the seconds from the first
+    token to the stream's end (what the platform counts as its decode) and from the request
+    to the end."""
+
+    decoded: int
+    decode_s: float
+    whole_s: float
+
+
+def streamed(client, *, max_tokens: int, prompt: str = "Tell me about GPUs.") -> Seen:
+    chunks = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+        stream=True, stream_options={"include_usage": True})
+    started, first, usage = time.monotonic(), None, None
+    for chunk in chunks:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.monotonic()
+        usage = chunk.usage or usage
+    ended = time.monotonic()
+    return Seen(usage.completion_tokens - 1, ended - first, ended - started)
+
+
+def seen_rate(seen: list[Seen], *, whole: bool = False) -> float:
+    """Tokens/s per stream over these streams, summed as the platform sums them: over their
+    decode, or over the whole request (its wait and prefill included)."""
+    return sum(s.decoded for s in seen) / sum(s.whole_s if whole else s.decode_s for s in seen)
 
 
 @pytest.fixture(scope="session", autouse=True)

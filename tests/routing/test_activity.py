@@ -47,7 +47,7 @@ def deployment(bob):
 
 def key_of(user, name="laptop"):
     credits_grant(user=user, amount_micros=100_000_000, idempotency_key=f"t:{uuid.uuid4()}")
-    row, _ = api_key_create(user=user, name=name, spend_limit_micros=10**12)
+    row, _ = api_key_create(user=user, name=name, spend_limit_micros=10**12, by_operator=True)
     return row
 
 

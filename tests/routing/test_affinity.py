@@ -7,6 +7,7 @@ from collections import Counter
 import httpx
 import pytest
 
+from routing.retry import BREAKER, POLICY
 from tests.routing.conftest import MODEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,3 +55,32 @@ def test_a_session_header_keeps_unrelated_requests_together(v1, engine, deploy, 
                for i in range(8)}
     assert len(workers) == 1
     settled()
+
+
+def test_a_turn_answered_elsewhere_takes_the_conversation_with_it(v1, engine, deploy,
+                                                                   carol_key, settled):
+    # Two workers alike; the conversation's own worker is held out for one turn (its circuit
+    # open after failures), so another answers it and holds the longer history from then on.
+    deployments = [deploy(engine("rtx-pro-6000"), "rtx-pro-6000") for _ in range(2)]
+    messages = [SYSTEM, {"role": "user", "content": "Which card for a 70B model at 32k?"}]
+    own = turn(v1, carol_key, messages).headers["X-Rigshare-Worker"]
+    own_id = int(own.split(":")[1])
+    other = next(f"deployment:{d.pk}" for d in deployments if d.pk != own_id)
+    for _ in range(POLICY.breaker_failures):
+        BREAKER.failure(own_id)
+    messages += [{"role": "assistant", "content": "An answer."},
+                 {"role": "user", "content": "And at 128k?"}]
+    assert turn(v1, carol_key, messages).headers["X-Rigshare-Worker"] == other
+    settled()
+    BREAKER.success(own_id)  # back, and the key still ranks it first
+    for t in range(3):
+        messages += [{"role": "assistant", "content": "Another answer."},
+                     {"role": "user", "content": f"Follow-up {t}."}]
+        later = turn(v1, carol_key, messages)
+        assert (later.headers["X-Rigshare-Worker"], later.headers["X-Rigshare-Affinity"]) == (
+            other, "hit")
+        settled()
+    # A new conversation that starts the same way (the same key) has no history to follow: it
+    # starts on its key's own worker.
+    fresh = [SYSTEM, {"role": "user", "content": "Which card for a 70B model at 32k?"}]
+    assert turn(v1, carol_key, fresh).headers["X-Rigshare-Worker"] == own

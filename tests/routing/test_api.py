@@ -226,7 +226,8 @@ def test_no_credit_is_402_and_the_started_attempt_is_abandoned(v1, engine, deplo
 
     url = engine("rtx-pro-6000", time_scale=1)  # 2,000 tokens would take ~20 s
     deploy(url)
-    _, key = api_key_create(user=mallory, name="broke", spend_limit_micros=10**12)
+    _, key = api_key_create(user=mallory, name="broke", spend_limit_micros=10**12,
+                            by_operator=True)
     for stream in (False, True):
         started = time.monotonic()
         _error(post(v1, key, {"model": MODEL, "messages": CHAT, "max_tokens": 2000,

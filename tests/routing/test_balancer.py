@@ -218,3 +218,29 @@ def test_a_worker_new_to_traffic_ramps_up_in_quarters_never_from_zero():
     n = 40_000
     got = Counter(first([old, new], k) for k in keys(n))
     assert abs(got[2] / n - 0.25 / 1.25) < 0.01  # a quarter of its weight
+
+
+def test_a_follow_up_goes_back_to_the_worker_that_served_its_latest_turn():
+    fleet = [worker(i, 400.0) for i in range(1, 5)]
+    key = keys(1)[0]
+    own = first(fleet, key)
+    other = next(w.deployment_id for w in fleet if w.deployment_id != own)
+    placed = balancer.place(fleet, key, {}, holder=other)
+    assert placed.workers[0].deployment_id == other and placed.affinity == balancer.HIT
+    assert placed.expected == other  # served there again: nothing to record
+    # Its retry is the ranking's own worker, not the holder twice.
+    assert placed.workers[1].deployment_id == own
+    # Without a holder the next turn is expected on the key's own worker.
+    assert balancer.place(fleet, key, {}).expected == own
+
+
+def test_a_busy_or_vanished_holder_leaves_the_choice_to_the_ranking():
+    fleet = [replace(worker(i, 400.0), slots=4) for i in range(1, 5)]
+    key = keys(1)[0]
+    own = first(fleet, key)
+    other = next(w.deployment_id for w in fleet if w.deployment_id != own)
+    busy = balancer.place(fleet, key, {other: 4}, holder=other)  # its slots are full
+    assert busy.workers[0].deployment_id == own and busy.expected == other
+    gone = balancer.place([w for w in fleet if w.deployment_id != other], key, {},
+                          holder=other)
+    assert gone.workers[0].deployment_id == own and gone.expected == other

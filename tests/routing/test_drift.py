@@ -15,7 +15,7 @@ from django.utils import timezone
 from fleetsim.profiles import get_profile
 from marketplace.models import ProviderAlert
 from routing import drift, pool, served, traffic
-from tests.routing.conftest import MODEL
+from tests.routing.conftest import MODEL, Seen, seen_rate, streamed
 from verification.findings import THRESHOLDS
 from verification.models import Measurement, ServedDrift, VerificationRun, VerifiedCapacity
 
@@ -103,18 +103,10 @@ def verified_levels(deployment, profile):
         Measurement.objects.create(run=run, metric=f"tps@{level}", value=tps, unit="tok/s")
 
 
-def traffic_for(v1, key, *, concurrency: int, streams: int) -> None:
+def traffic_for(v1, key, *, concurrency: int, streams: int) -> list[Seen]:
     client = openai.OpenAI(base_url=v1, api_key=key, max_retries=0, timeout=120)
-
-    def one(_):
-        chunks = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Write about GPUs."}],
-            max_tokens=TOKENS, stream=True)
-        for _ in chunks:
-            pass
-
     with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(one, range(streams)))
+        return list(pool.map(lambda _: streamed(client, max_tokens=TOKENS), range(streams)))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -124,7 +116,7 @@ def test_a_busy_honest_engine_at_its_slot_limit_is_never_slow(v1, carol_key, eng
     # Four slots, twelve requests at once: eight wait in the engine's queue at any time.
     deployment = deploy(engine("rtx-pro-6000", time_scale=SCALE, max_concurrency=4))
     verified_levels(deployment, profile)
-    traffic_for(v1, carol_key, concurrency=12, streams=36)
+    seen = traffic_for(v1, carol_key, concurrency=12, streams=36)
     settled()
     assert served.served_figures_refresh()["drifts"] == 0
     assert not ServedDrift.objects.exists()
@@ -132,12 +124,15 @@ def test_a_busy_honest_engine_at_its_slot_limit_is_never_slow(v1, carol_key, eng
     hour.refresh_from_db()
     figures = hour.served["models"][0]["hour"]
     busy = {b["band"]: b for b in figures["bands"]}
-    # Nine and more were in flight at once; each decoded near what four running streams get
-    # (the simulator's clock runs SCALE times fast: on a busy machine it falls somewhat behind),
-    # far above what it is judged against at that concurrency (32 at once).
+    # Nine and more were in flight at once. Each stream's decode speed leaves out its wait in
+    # the engine's queue: with twelve at once for four slots each stream waited about two
+    # others' time, so its decode runs well above what its client saw over the whole request,
+    # and far above what the band is judged against (32 at once). (The simulator's clock runs
+    # SCALE times fast and falls behind on a crowded machine: the clients' view is the
+    # reference, not the profile.)
     assert busy[9]["streams"] >= drift.MIN_STREAMS
-    assert busy[9]["tokens_per_s"] > 0.5 * profile.per_stream_tps(4) * SCALE
-    assert busy[9]["tokens_per_s"] > 2 * profile.aggregate_tps(4) * SCALE / 32
+    assert busy[9]["tokens_per_s"] > 1.8 * seen_rate(seen, whole=True)
+    assert busy[9]["tokens_per_s"] > 1.5 * profile.aggregate_tps(4) * SCALE / 32
 
 
 @pytest.mark.django_db(transaction=True)

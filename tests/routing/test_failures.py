@@ -14,6 +14,7 @@ from billing.models import Charge, Hold
 from fleetsim.server import ServerThread
 from routing import balancer
 from routing.models import RequestLog
+from routing.pool import POOL
 from routing.retry import BREAKER, POLICY
 from tests.routing.conftest import MODEL
 from tests.routing.test_api import CHAT, post, sdk
@@ -246,6 +247,34 @@ def test_context_rejection_by_the_engine_is_retried_on_a_worker_that_holds_it(
     assert response.headers["x-rigshare-worker"] == f"deployment:{big.pk}"
     settled()
     assert RequestLog.objects.get().attempts == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("refusing", ["wants another engine key", "serves another model"])
+def test_an_engine_refusing_the_platform_is_the_workers_failure_not_the_clients(
+        v1, engine, deploy, carol_key, first_wins, stream, refusing, settled):
+    # An engine that wants an engine key the platform does not hold for it answers 401; one
+    # that serves another model than its deployment says, 404: neither is the client's doing.
+    if refusing == "wants another engine key":
+        bad = deploy(engine(api_key="rsk_not-the-one-the-platform-sends"))
+    else:
+        bad = deploy(engine("rtx-pro-6000-llama8b"), engine_model="Qwen/Qwen3-27B")
+    alive = deploy(engine())
+    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5,
+                                    "stream": stream})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-rigshare-worker"] == f"deployment:{alive.pk}"
+    settled()
+    assert RequestLog.objects.get().attempts == 2 and BREAKER.failures == {bad.pk: 1}
+    assert Charge.objects.get().completion_tokens == 5
+
+    # With no other worker: an upstream error; the client's key and request were good.
+    alive.delete()
+    POOL.invalidate()
+    response = post(v1, carol_key, {"model": MODEL, "messages": CHAT, "max_tokens": 5,
+                                    "stream": stream})
+    assert response.status_code == 502 and response.json()["error"]["code"] == "upstream_error"
+    settled()
 
 
 async def _refuses(scope, receive, send):

@@ -26,7 +26,7 @@ def _use_redis(settings, url: str) -> None:
     settings.CACHES = {"default": settings.CACHES["default"] | {"LOCATION": url}}
     config_redis.redis_client.cache_clear()
     ratelimit._script.cache_clear()
-    keys._clients.clear()
+    config_redis._async_clients.clear()
     keys.near_cache_clear()
 
 
@@ -77,7 +77,7 @@ def test_a_fresh_key_under_a_burst_wants_no_more_connections_than_the_pool_has(c
     async def burst():
         return await asyncio.gather(*(keys.api_key_cached(carol_key) for _ in range(400)))
 
-    keys._clients.clear()
+    config_redis._async_clients.clear()
     answers = asyncio.run(burst())
     assert len(answers) == 400 and all(found in (True, False) for found, _ in answers)
 

@@ -85,7 +85,8 @@ def test_a_rented_card_answers_only_its_renters_keys_and_bills_no_tokens(
     RentalFactory(card=Card.objects.get(node_id=deployment.node_id), renter=carol)
     pool.POOL.invalidate()
     fund(mallory, 10_000_000)
-    _, other_key = api_key_create(user=mallory, name="other", spend_limit_micros=10**12)
+    _, other_key = api_key_create(user=mallory, name="other", spend_limit_micros=10**12,
+                                  by_operator=True)
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 5}
     for stream in (False, True):
         response = post(v1, carol_key, body | {"stream": stream})

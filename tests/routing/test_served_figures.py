@@ -4,22 +4,25 @@ minute's refresh turns the buckets into each card's and each model's figures ove
 and day, shown on the catalog, the rent page, the provider dashboard, /models/ and /v1/models."""
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import httpx
 import openai
+import psycopg
 import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from billing.models import Hold
 from fleetsim.profiles import get_profile
 from marketplace.models import Card
 from routing import requestlog, served, traffic
-from routing.models import TrafficBucket
+from routing.models import RequestLog, TrafficBucket
 from tests.factories import CardFactory, ListingFactory, NodeFactory
-from tests.routing.conftest import MODEL
+from tests.routing.conftest import MODEL, seen_rate, streamed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,12 +52,17 @@ def test_served_traffic_becomes_each_cards_live_figures(v1, carol_key, engine, d
     profile = get_profile("rtx-pro-6000")
     deployment = deploy(engine("rtx-pro-6000", time_scale=SCALE))
     client_ = sdk(v1, carol_key)
-    for _ in range(5):  # one at a time
-        stream(client_)
+    alone = [streamed(client_, max_tokens=TOKENS) for _ in range(5)]  # one at a time
     client_.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                     max_tokens=TOKENS)  # not streamed
-    with ThreadPoolExecutor(6) as pool:  # six at once
-        list(pool.map(lambda _: stream(client_), range(6)))
+    together = threading.Barrier(6)  # six at once, even on a crowded machine
+
+    def one_of_six(_):
+        together.wait(30)
+        return streamed(client_, max_tokens=TOKENS)
+
+    with ThreadPoolExecutor(6) as pool:
+        six = list(pool.map(one_of_six, range(6)))
     settled()
 
     assert served.served_figures_refresh()["deployments"] == 1
@@ -67,13 +75,13 @@ def test_served_traffic_becomes_each_cards_live_figures(v1, carol_key, engine, d
     bands = {b["band"]: b for b in hour["bands"]}
     assert bands[1]["requests"] == 6 and bands[1]["streams"] == 5
     assert sum(b["streams"] for b in hour["bands"]) == 11
-    # One stream alone decodes at the card's single-stream speed (scaled as the engine is);
-    # six at once, each at most that and at least what six streams share.
-    alone = profile.single_stream_tps * SCALE
-    assert 0.75 * alone < bands[1]["tokens_per_s"] < 1.25 * alone
+    # Each band's speed per stream is what its clients saw from the first token on. Alone, a
+    # stream decodes near the card's single-stream speed (scaled as the engine is: its clock
+    # runs SCALE times fast and falls behind on a crowded machine, so the bound below is loose).
+    assert 0.75 < bands[1]["tokens_per_s"] / seen_rate(alone) < 1.33
+    assert bands[1]["tokens_per_s"] < 1.25 * profile.single_stream_tps * SCALE
     assert bands[2]["streams"] == 6
-    six = profile.per_stream_tps(6) * SCALE
-    assert 0.75 * six < bands[2]["tokens_per_s"] < 1.25 * alone
+    assert 0.75 < bands[2]["tokens_per_s"] / seen_rate(six) < 1.33
     assert hour["ttft_p50_ms"] is not None and hour["ttft_p95_ms"] >= hour["ttft_p50_ms"]
     assert hour["uptime_pct"] == 100.0
     assert entry["day"]["requests"] == 12
@@ -117,6 +125,40 @@ def test_a_worker_that_fails_counts_errors_and_the_window_forgets_old_traffic(
     card = deployment.node.cards.get()
     assert card.served == {} and card.served_tokens_per_s is None
     assert not TrafficBucket.objects.exists()
+
+
+def test_a_streams_time_ends_with_its_last_token_not_with_the_billing_after_it(
+        v1, carol_key, engine, deploy, settled):
+    """The settle that follows a stream waits here on a lock (a busy database): the stream's
+    latency and decode time, and so its card's speed, stay what the client saw."""
+    deployment = deploy(engine("rtx-pro-6000", time_scale=SCALE))
+    chunks = sdk(v1, carol_key).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me about GPUs."}],
+        max_tokens=TOKENS, stream=True)
+    started = time.monotonic()
+    with psycopg.connect(_dsn()) as db:
+        for chunk in chunks:
+            if chunk.choices and chunk.choices[0].delta.content:
+                # The request's hold is in: every hold is locked until well after the end.
+                db.execute(f"SELECT 1 FROM {Hold._meta.db_table} FOR UPDATE")
+                break
+        for _ in chunks:
+            pass
+        seen_ms = (time.monotonic() - started) * 1000
+        time.sleep(0.8)
+        db.rollback()
+    settled()
+    row = RequestLog.objects.get(deployment_id=deployment.pk)
+    assert row.completion_tokens == TOKENS and row.ttft_ms is not None
+    assert row.latency_ms < seen_ms + 200 < 800
+    served.served_figures_refresh()
+    (band,) = figures_of(deployment.node.cards.get())["hour"]["bands"]
+    assert band["tokens_per_s"] > (TOKENS - 1) / (seen_ms / 1000)
+
+
+def _dsn() -> str:
+    s = connection.settings_dict
+    return f"host={s['HOST']} port={s['PORT'] or 5432} dbname={s['NAME']} user={s['USER']}"
 
 
 def _rows(deployment_id: int, n: int, **kw) -> list[dict]:

@@ -100,3 +100,25 @@ def test_uptime_is_the_share_of_the_window_online():
     assert traffic.uptime_pct(360, 3600) == 90.0
     assert traffic.uptime_pct(0, 3600) == 100.0
     assert traffic.uptime_pct(9999, 3600) == 0.0
+
+
+def test_a_request_is_judged_at_the_most_in_flight_while_it_ran():
+    # A stream sent first and ended last is alone at both ends; it decoded beside the others.
+    from routing import placement, proxy
+
+    worker = placement.Worker(
+        deployment_id=987654321, ref="deployment:987654321", node_id=1, provider_id=1,
+        url="http://127.0.0.1:9", engine="vllm", engine_model="m", quantization="",
+        max_context=None, capacity_tps=0.0, verified=False, renter_id=None)
+    first, second, third = (proxy.Outcome(request_id=f"r{i}", endpoint="chat", started=0.0)
+                            for i in range(3))
+    proxy._slot_taken(worker, first)
+    assert first.concurrency == 1
+    proxy._slot_taken(worker, second)
+    proxy._slot_taken(worker, third)
+    proxy._slot_free(worker, second)
+    proxy._slot_free(worker, third)
+    proxy._slot_free(worker, first)
+    assert (first.concurrency, second.concurrency, third.concurrency) == (3, 3, 3)
+    assert worker.deployment_id not in proxy.RUNNING
+    assert worker.deployment_id not in proxy.INFLIGHT
