@@ -193,9 +193,10 @@ def _warm(url: str, model: str, n: int, what: str, log: Path) -> None:
 
 @contextlib.contextmanager
 def running(peer: str, policy: str, replicas: int, engines: list[str], model: str,
-            workdir: Path) -> Iterator[list[str]]:
+            workdir: Path, procs_out: list | None = None) -> Iterator[list[str]]:
     """`replicas` processes of `peer` routing to `engines` (base URLs) with `policy`; yields
-    their base URLs once each answers, stops them on exit. Logs: workdir/<peer>-<policy>-N.log."""
+    their base URLs once each answers, stops them on exit. Logs: workdir/<peer>-<policy>-N.log.
+    `procs_out`: a list that gets their processes (Popen), for a caller that measures them."""
     if policy not in POLICIES.get(peer, ()):
         raise ValueError(f"unknown peer/policy {peer!r}/{policy!r}; see POLICIES")
     if replicas < 1:
@@ -224,6 +225,8 @@ def running(peer: str, policy: str, replicas: int, engines: list[str], model: st
                 proc = subprocess.Popen(cmd, cwd=workdir, env=_env(peer), stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(proc)
+            if procs_out is not None:
+                procs_out.append(proc)
             started.append((f"http://127.0.0.1:{port}", proc, log, name))
         for url, proc, log, name in started:
             _wait_ready(url + _ready_path(peer), proc, log, name)

@@ -50,6 +50,8 @@ class Level:
     # How late this event loop woke while the level ran (ms, 90th percentile): past a few
     # tens of ms the stamps above are the reader's, not the engine's (see LoopLag).
     loop_lag_p90_ms: float = 0.0
+    # Of the failed streams, those the engine cut short (see cut_short).
+    cut_short: int = 0
 
 
 @dataclass
@@ -66,6 +68,14 @@ class LoadTestResult:
     # Its answers to the canary prompts (verification/fingerprint.py); [] when not asked.
     fingerprint: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # Of the errors, those of a test the engine cut short (see cut_short).
+    cut_short: list[str] = field(default_factory=list)
+
+    def error(self, what: str, exc: BaseException) -> None:
+        said = f"{what}: {exc}"
+        self.errors.append(said)
+        if cut_short(exc):
+            self.cut_short.append(said)
 
     @property
     def prefix_speedup(self) -> float | None:
@@ -186,6 +196,24 @@ def _percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
 
 
+class EngineAnswered(RuntimeError):
+    """A request the engine answered with an HTTP error."""
+
+    def __init__(self, status: int, body: bytes):
+        super().__init__(f"HTTP {status}: {body[:200]!r}")
+        self.status = status
+
+
+def cut_short(exc: BaseException) -> bool:
+    """Whether a request failed because the engine was not there to answer it, rather than
+    because of how it answered: the connection refused or broken, no answer in time, a model
+    it no longer serves (switched under the test), an engine loading or failing (5xx). An
+    engine restarting does that for a while; a model that stops at once does not."""
+    if isinstance(exc, httpx.TransportError):
+        return True
+    return isinstance(exc, EngineAnswered) and (exc.status == 404 or exc.status >= 500)
+
+
 async def _stream(client: httpx.AsyncClient, base: str, model: str, prompt: str,
                   max_tokens: int) -> tuple[float, list[float]]:
     """(start, the time of each token) of one streamed chat completion."""
@@ -195,7 +223,7 @@ async def _stream(client: httpx.AsyncClient, base: str, model: str, prompt: str,
     stamps: list[float] = []
     async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+            raise EngineAnswered(response.status_code, await response.aread())
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -219,7 +247,9 @@ async def _level(client, base, model, concurrency: int) -> Level:
     return Level(concurrency, throughput([stamps for _, stamps in done]),
                  statistics.median(ttfts) if ttfts else 0.0,
                  _percentile(ttfts, 99) if ttfts else 0.0, len(done),
-                 len(results) - len(done), started, ended)
+                 len(results) - len(done), started, ended,
+                 cut_short=sum(1 for r in results if isinstance(r, BaseException)
+                               and cut_short(r)))
 
 
 def throughput(streams: list[list[float]]) -> float:
@@ -315,7 +345,7 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
         try:
             result.fingerprint = await _fingerprint(client, base, result.model)
         except (httpx.HTTPError, ValueError) as exc:
-            result.errors.append(f"canary prompts: {type(exc).__name__}: {exc}")
+            result.error(f"canary prompts: {type(exc).__name__}", exc)
         if progress:
             progress("prefix cache", int(100 * len(levels) / steps))
         prefix = _words(PREFIX_WORDS, "prefix")
@@ -325,7 +355,7 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
             start, stamps = await _stream(client, base, result.model, prefix, 4)
             result.prefix_warm_ms = (stamps[0] - start) * 1000
         except (httpx.HTTPError, RuntimeError) as exc:
-            result.errors.append(f"prefix test: {exc}")
+            result.error("prefix test", exc)
         if result.context_length:
             if progress:
                 progress("context length", int(100 * (len(levels) + 1) / steps))
@@ -333,5 +363,5 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
                 result.context_accepted = await _context_accepted(client, base, result.model,
                                                                   result.context_length)
             except httpx.HTTPError as exc:
-                result.errors.append(f"context test: {exc}")
+                result.error("context test", exc)
     return result

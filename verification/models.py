@@ -66,6 +66,7 @@ class VerificationRun(models.Model):
         OPERATOR = "operator", "requested by an operator"
         RESTART = "restart", "restarted after a timeout"
         SERVED_TRAFFIC = "served_traffic", "served traffic slower than verified"
+        PEERS = "peers", "serving read again against its peers' figures"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="verification_runs")
     trigger = models.CharField(max_length=20, choices=Trigger.choices)
@@ -95,10 +96,14 @@ class VerificationRun(models.Model):
     # A worker is doing a step now (it stamps updated_at as it goes); false while the run waits
     # for its next step's task, however long the queue: only a running step can go stale.
     step_running = models.BooleanField(default=False)
-    # A load test read by a worker too crowded to keep up is not judged: the run waits for its
-    # load test again until measure_after (services._keep_up), `remeasured` times so far.
+    # A load test read by a worker too crowded to keep up, or cut short by the engine, is not
+    # judged: the run waits for its load test again until measure_after (services._measure_later),
+    # `remeasured` times so far.
     measure_after = models.DateTimeField(null=True, blank=True)
     remeasured = models.PositiveSmallIntegerField(default=0)
+    # A reading whose serving fell short is taken again before the card is flagged on it
+    # (services.TIMED): the first reading's shortfalls, {"at": ..., "findings": {metric: ...}}.
+    first_reading = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -25,7 +25,7 @@ import random
 import statistics
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -35,6 +35,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agent.probes import DEFAULT_PARAMS as PROBE_PARAMS
+from config.prepared import Prepared
 from marketplace import alerts, engine_keys
 from marketplace import services as marketplace
 from marketplace.models import Card, Node, Rental, UuidConflict
@@ -114,17 +115,41 @@ def jobs_for_node(node_id: int) -> list[dict]:
             for job in ProbeJob.objects.filter(node_id=node_id, status=ProbeJob.Status.PENDING)]
 
 
-def heartbeat_power(*, node_id: int, jobs: list) -> tuple[bool, int | None]:
-    """(report power, heartbeat interval) for the answer to this node's heartbeat: power while
-    a run probes or load-tests the machine, every POWER_HEARTBEAT_S once its probes are in
-    (the load test is near); (False, None) otherwise: the platform's usual interval. (A report
-    that starts a run is asked for power too: agentapi.)"""
-    status = (VerificationRun.objects.filter(node_id=node_id,
-                                             status__in=(Status.PROBING, Status.LOAD_TESTING))
-              .values_list("status", flat=True).first())
-    if status is None:
-        return False, None
-    return True, POWER_HEARTBEAT_S if status == Status.LOAD_TESTING or not jobs else None
+@dataclass(frozen=True)
+class HeartbeatWork:
+    """What the answer to a node's heartbeat carries from verification."""
+
+    jobs: list[dict]  # probe jobs to run
+    report_power: bool  # GPUs' power draw in the next heartbeats
+    interval: int | None  # seconds to the next heartbeat; None: the platform's usual
+    yardstick: dict | None  # {"run", "config"}: serve the platform's yardstick instead
+
+
+IDLE = HeartbeatWork(jobs=[], report_power=False, interval=None, yardstick=None)
+
+
+# Read on every heartbeat: compiled once (config/prepared.py).
+_MEASURING = Prepared(lambda node_id: VerificationRun.objects.filter(
+    node_id=node_id, status__in=(Status.PROBING, Status.LOAD_TESTING)).order_by()
+    .only("pk", "status", "yardstick_state", "yardstick_config")[:1], int)
+
+
+def heartbeat_work(*, node_id: int) -> HeartbeatWork:
+    """Power while a run probes or load-tests the machine, every POWER_HEARTBEAT_S once its
+    probes are in (the load test is near); the probe jobs while it probes; the yardstick while
+    its load test asks the agent to serve it. One query while no run measures the machine.
+    (A report that starts a run is asked for power too: agentapi.)"""
+    run = next(iter(_MEASURING(node_id)), None)
+    if run is None:
+        return IDLE
+    pk, status, yardstick_state, yardstick_config = (run.pk, run.status, run.yardstick_state,
+                                                     run.yardstick_config)
+    jobs = jobs_for_node(node_id) if status == Status.PROBING else []
+    asked = status == Status.LOAD_TESTING and yardstick_state == Yardstick.ASKED
+    return HeartbeatWork(
+        jobs=jobs, report_power=True,
+        interval=POWER_HEARTBEAT_S if status == Status.LOAD_TESTING or not jobs else None,
+        yardstick={"run": pk, "config": yardstick_config} if asked else None)
 
 
 class JobNotFound(Exception):
@@ -255,9 +280,12 @@ def run_load_test(*, run_id: int) -> bool:
             max_concurrency=_advertised_concurrency(node), engine_key=key, progress=progress,
             lag_bound_ms=settings.RIGSHARE_LOAD_TEST_LAG_MS), power=power, between=(35, 60))
         _keep_up(result, "the load test")
-    except Starved as exc:
+        _whole(run, result)
+    except ReadAgain as exc:
         return _measure_later(run, str(exc))
-    except Exception as exc:  # an engine that breaks under load: a finding, no crash
+    except Exception as exc:  # an engine down or broken under load: tried again, then said
+        if run.remeasured < settings.RIGSHARE_LOAD_TEST_REMEASURES:
+            return _measure_later(run, f"the load test failed ({exc})")
         VerificationRun.objects.filter(pk=run.pk).update(
             error=f"load test: {exc}"[:500], served=served.get("__node__", {}))
         _step_done(run, f"load test failed: {exc}", 80)
@@ -285,14 +313,30 @@ def run_load_test(*, run_id: int) -> bool:
     run.refresh_from_db()
     try:
         _yardstick(run)
-    except Starved as exc:
+    except ReadAgain as exc:
         return _measure_later(run, str(exc))
     _step_done(run, "load test done", 80)
     return True
 
 
-class Starved(Exception):
+class ReadAgain(Exception):
+    """A load test whose figures are not the engine's to be judged on: taken again later."""
+
+
+class Starved(ReadAgain):
     """A load test read by a worker that could not keep up with its streams."""
+
+
+def _whole(run: VerificationRun, result: loadtest.LoadTestResult,
+           what: str = "the load test") -> None:
+    """Raise where the engine cut the load test short (loadtest.cut_short: an engine
+    restarting, a model switched under the test, a network blip) while the run has tries
+    left; the last try is judged on what it read."""
+    cut = sum(level.cut_short for level in result.levels)
+    if run.remeasured >= settings.RIGSHARE_LOAD_TEST_REMEASURES or not (cut or result.cut_short):
+        return
+    said = ([f"{cut} streams"] if cut else []) + result.cut_short[:2]
+    raise ReadAgain(f"the engine cut {what} short ({'; '.join(said)})")
 
 
 def _keep_up(result: loadtest.LoadTestResult, what: str) -> None:
@@ -305,13 +349,18 @@ def _keep_up(result: loadtest.LoadTestResult, what: str) -> None:
                       f"allowed)")
 
 
-def _measure_later(run: VerificationRun, why: str) -> bool:
-    """A starved load test: the run waits for its load test again, later each time (a worker
-    is crowded by a burst of machines joining, which passes), and False (the chain stops
-    here). After RIGSHARE_LOAD_TEST_REMEASURES tries the run goes on without serving figures:
-    its cards are not judged on serving rather than judged on figures nobody could take."""
+def _measure_later(run: VerificationRun, why: str, *, status: str = Status.LOAD_TESTING,
+                   first_reading: dict | None = None) -> bool:
+    """A reading not to judge a card on (a starved reader, an engine that cut it short) or
+    one to take again before a card is flagged on it (`first_reading`): the run waits for its
+    load test again, later each time (a worker crowded by a burst of machines joining, an
+    engine restarting, a provider's machine busy for a while: each passes), and False (the
+    chain stops here). After RIGSHARE_LOAD_TEST_REMEASURES tries a run with no reading goes
+    on without serving figures: its cards are not judged on serving rather than judged on
+    figures nobody could take."""
     now = timezone.now()
     Measurement.objects.filter(run=run, card=None).delete()
+    Finding.objects.filter(run=run).delete()
     yardstick_reset = {"yardstick": "", "yardstick_state": "", "yardstick_config": {},
                        "yardstick_note": ""}
     logger.warning("run #%s of node #%s: %s (try %s)", run.pk, run.node_id, why,
@@ -323,8 +372,9 @@ def _measure_later(run: VerificationRun, why: str) -> bool:
         return True
     after = now + settings.RIGSHARE_LOAD_TEST_REMEASURE_AFTER * (
         2 ** run.remeasured * random.uniform(1, 1.5))
-    VerificationRun.objects.filter(pk=run.pk, status=Status.LOAD_TESTING).update(
+    VerificationRun.objects.filter(pk=run.pk, status=status).update(
         status=Status.PROBING, step_running=False, measure_after=after,
+        first_reading=first_reading if first_reading is not None else run.first_reading,
         remeasured=F("remeasured") + 1, progress_pct=30, updated_at=now,
         step_detail=f"{why}: measured again after {after:%H:%M:%S} UTC"[:200],
         **yardstick_reset)
@@ -390,10 +440,7 @@ Yardstick = VerificationRun.YardstickState
 def yardstick_for_agent(*, node_id: int) -> dict | None:
     """The heartbeat reply's `engine.yardstick`: {"run", "config"} while a run asks this node's
     agent to serve the platform's yardstick; None otherwise (the agent serves its own)."""
-    row = (VerificationRun.objects.filter(node_id=node_id, status=Status.LOAD_TESTING,
-                                          yardstick_state=Yardstick.ASKED)
-           .values_list("pk", "yardstick_config").first())
-    return {"run": row[0], "config": row[1]} if row else None
+    return heartbeat_work(node_id=node_id).yardstick
 
 
 def _yardstick_plan(node: Node) -> tuple[ys.Workload | None, dict | None, str]:
@@ -446,6 +493,7 @@ def _yardstick(run: VerificationRun) -> None:
                 progress=progress, lag_bound_ms=settings.RIGSHARE_LOAD_TEST_LAG_MS),
                 power=None, between=(65, 80))
             _keep_up(result, "the yardstick's load test")
+            _whole(run, result, "the yardstick's load test")
             for level in result.levels:
                 details = asdict(level)
                 _measure(run, None, f"ytps@{level.concurrency}", level.tokens_per_s, "tok/s",
@@ -456,9 +504,11 @@ def _yardstick(run: VerificationRun) -> None:
                 state = Yardstick.DONE
             else:
                 note = "its engine served no token of the yardstick"
-    except Starved:
+    except ReadAgain:
         raise
     except Exception as exc:  # an engine that breaks on the yardstick: said, no crash
+        if loadtest.cut_short(exc) and run.remeasured < settings.RIGSHARE_LOAD_TEST_REMEASURES:
+            raise ReadAgain(f"the engine cut the yardstick's load test short ({exc})") from exc
         note = f"the yardstick's load test failed: {exc}"
     finally:
         VerificationRun.objects.filter(pk=run.pk).update(
@@ -574,9 +624,48 @@ def run_evaluate(*, run_id: int) -> bool:
     if not _claim(run_id, Status.LOAD_TESTING, Status.EVALUATING, "evaluating", 85):
         return False
     run = VerificationRun.objects.select_related("node").get(pk=run_id)
-    _judge(run)
+    findings = _judge(run)
+    short = _short(run, findings)
+    if short and not run.first_reading and run.remeasured < settings.RIGSHARE_LOAD_TEST_REMEASURES:
+        return _measure_later(run, "serving below what the machine should serve: measured again "
+                                   "before its cards are flagged", status=Status.EVALUATING,
+                              first_reading={"at": timezone.now().isoformat(), "findings": short})
     _step_done(run, "evaluated", 95)
     return True
+
+
+# Findings read from timed streams, which a machine busy for a while (or a platform crowded by a
+# burst of machines joining) can read short: a mismatch on one of these alone is read a second
+# time, at least RIGSHARE_LOAD_TEST_REMEASURE_AFTER later, before the card is flagged on it. A run
+# started on served traffic needs no second reading (the traffic was the first), and a card
+# flagged on anything else is flagged at once.
+TIMED = ("serving", "yardstick")
+
+
+def _second_reading(run: VerificationRun, rows: list[Finding]) -> None:
+    """Say, on each timed finding of a run read a second time, what the first reading was."""
+    first = run.first_reading or {}
+    if not first.get("findings"):
+        return
+    at = datetime.fromisoformat(first["at"])
+    for row in rows:
+        was = first["findings"].get(row.metric)
+        if was is None:
+            continue
+        agreed = "agreed" if row.severity == ev.MISMATCH else "was taken again and this one stands"
+        row.message = (f"{row.message} A reading at {at:%H:%M} UTC ({was['measured']} against "
+                       f"{was['expected']}) {agreed}.")[:500]
+
+
+def _short(run: VerificationRun, findings: list[Finding]) -> dict:
+    """{metric: what was measured and expected} of the run's timed mismatches, where they are
+    all the mismatches it has; {} otherwise."""
+    if run.trigger == VerificationRun.Trigger.SERVED_TRAFFIC:
+        return {}
+    mismatches = [f for f in findings if f.severity == ev.MISMATCH]
+    if not mismatches or any(f.metric not in TIMED for f in mismatches):
+        return {}
+    return {f.metric: {"measured": f.measured, "expected": f.expected} for f in mismatches}
 
 
 def _judge(run: VerificationRun) -> list[Finding]:
@@ -611,6 +700,7 @@ def _judge(run: VerificationRun) -> list[Finding]:
                 **serving)
             rows += [Finding(run=run, card=card, **asdict(f))
                      for f in ev.evaluate(facts, spec, specs)]
+        _second_reading(run, rows)
         served = _served_finding(run, node_level, [r for r in rows if r.metric == "serving"])
         for node_finding in (served, _fingerprint_finding(run)):
             if node_finding is not None:
@@ -872,10 +962,32 @@ def run_rejudge(*, run_id: int) -> bool:
         return False
     with transaction.atomic():
         findings = _judge(run)
+        again = _read_again_for_peers(run, findings)
         cards = list(run.node.cards.filter(present=True))
         _publish_verdicts(run, cards, findings,
                           share_of=run.measurements.filter(card__isnull=True,
                                                            metric="tps@32").first())
+    if again:
+        run_start(node_id=run.node_id, trigger=VerificationRun.Trigger.PEERS)
+    return True
+
+
+def _read_again_for_peers(run: VerificationRun, findings: list[Finding]) -> bool:
+    """A run judged again that now falls short on timed findings alone, against peers' figures
+    that moved since it was read once: not flagged on that one reading. Its shortfalls stand
+    as warnings, and True: a new run reads the machine again (twice where it is short again).
+    A run read twice already, or one that is itself such a new reading, is flagged."""
+    short = _short(run, findings)
+    if (not short or run.first_reading or run.trigger == VerificationRun.Trigger.PEERS
+            or run.remeasured >= settings.RIGSHARE_LOAD_TEST_REMEASURES):
+        return False
+    demoted = [f for f in findings if f.metric in short and f.severity == ev.MISMATCH]
+    for finding in demoted:
+        finding.severity = ev.WARNING
+        finding.message = (f"{finding.message} Read once, against peers' figures that moved "
+                           f"since: the machine is measured again before its card is flagged "
+                           f"on it.")[:500]
+    Finding.objects.bulk_update(demoted, ["severity", "message"])
     return True
 
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from fleetsim.profiles import get_profile
 from marketplace.models import Card, Node
-from tests.verification.machines import judged_node
+from tests.verification.machines import judged_node, measure
 from verification import evidence, services
 from verification.models import Finding, Measurement, VerificationRun
 
@@ -125,3 +125,27 @@ def test_apple_machines_with_only_a_serving_measurement_are_peers_of_each_other(
     assert "1 Apple M4 Max peer on this model" in found.message
     yardstick = Finding.objects.filter(run__node=slow, metric="yardstick").first()
     assert yardstick.basis == "peers"  # the honest Mac on the yardstick too
+
+
+def test_a_machine_short_only_against_peers_that_came_later_is_read_again_first(bob, mallory):
+    """Judged again when faster peers were verified after it, a machine whose one reading
+    passed against the peers it had then is not flagged on that old reading: its shortfall
+    stands as a warning and a new run reads it again, which flags it when it is still short
+    (twice)."""
+    slowish = 0.72  # at the calibrated expectation's threshold: peers this slow still count
+    middle = judged_node(mallory, PRO_8B, own_factor=slowish, machine_id="middle")
+    for i in range(2):
+        judged_node(mallory, PRO_8B, own_factor=slowish, machine_id=f"early-{i}")
+    assert status(middle) == "verified" and serving(middle).severity == "ok"
+    for i in range(5):
+        judged_node(bob, PRO_8B, own_factor=1.1, machine_id=f"later-{i}")
+    found = serving(middle)
+    assert found.severity == "warning" and "measured again" in found.message, found.message
+    assert status(middle) == "verified"
+    again = VerificationRun.objects.get(node=middle, status="probing")
+    assert again.trigger == "peers"
+
+    measure(again, PRO_8B, own_factor=slowish, machine_id="middle")
+    assert status(middle) == "flagged"
+    found = serving(middle)
+    assert found.severity == "mismatch" and "agreed" in found.message, found.message
