@@ -7,8 +7,8 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q -c requiremen
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: demo test install install-dev engine chromium check-services lint bench bench-catalog bench-billing bench-served \
-        bench-proxy bench-verification bench-heartbeat bench-routing bench-pool bench-static \
+.PHONY: demo test install install-dev engine chromium nginx check-services lint bench bench-catalog bench-billing bench-served \
+        bench-proxy bench-verification bench-heartbeat bench-routing bench-pool bench-static bench-check \
         staticfiles clean
 
 # The real engine the tests run against: llama-cpp-python's OpenAI-compatible server and the
@@ -89,11 +89,18 @@ chromium:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# Debian's nginx for the tests that put a real reverse proxy in front of uvicorn.
+nginx:
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { \
+	  echo "Installing Debian's nginx for the reverse-proxy tests..."; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null; }
+
 check-services: install-dev
 	@DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python scripts/check_services.py
 
-test: install-dev engine chromium check-services
+test: install-dev engine chromium nginx check-services
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/pytest $(PYTEST_ARGS)
 
@@ -121,7 +128,7 @@ bench: install-dev check-services staticfiles
 
 # The catalog page and /api/cards/ at 10 to 100,000 listings: p50/p95 and queries per request;
 # BENCH_ARGS="--sizes 100000 --explain" for the plans PostgreSQL runs.
-bench-catalog: install-dev check-services
+bench-catalog: install-dev check-services staticfiles
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/catalog.py $(BENCH_ARGS)
 
@@ -165,6 +172,14 @@ bench-pool: install-dev check-services
 bench-served: install-dev check-services staticfiles
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/served.py $(BENCH_ARGS)
+
+# A short run of the guarded benchmarks (heartbeats, billing, the proxy, the pool, the catalog,
+# routing's capacity and affinity) against the best recorded figures (bench/best.json): fails
+# when one is more than 30% worse. Run it before closing a change to a hot path;
+# BENCH_ARGS="--only proxy,routing" for some of them.
+bench-check: install-dev check-services staticfiles
+	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
+	  $(BIN)/python bench/check.py $(BENCH_ARGS)
 
 # What a browser downloads to open /api/docs/: bytes sent and Cache-Control per file.
 bench-static: install-dev staticfiles

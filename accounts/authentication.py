@@ -3,7 +3,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from accounts.models import PersonalToken
-from accounts.secrets import secret_matches, secret_prefix
+from accounts.secrets import secret_check, secret_prefix
 
 
 class PersonalTokenAuthentication(authentication.BaseAuthentication):
@@ -19,11 +19,13 @@ class PersonalTokenAuthentication(authentication.BaseAuthentication):
         prefix = secret_prefix(token.strip(), "rst")
         row = (PersonalToken.objects.select_related("user").filter(prefix=prefix).first()
                if prefix else None)
-        if row is None or row.revoked_at or not secret_matches(token.strip(), row.digest):
+        kept = secret_check(token.strip(), row.digest) if row is not None else None
+        if kept is None or row.revoked_at:
             raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
         if not row.user.is_active:
             raise exceptions.AuthenticationFailed("This account is disabled.")
-        PersonalToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+        # A digest made under a SECRET_KEY since replaced is re-hashed on this use.
+        PersonalToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now(), digest=kept)
         return row.user, row
 
     def authenticate_header(self, request):

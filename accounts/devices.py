@@ -11,6 +11,7 @@ import secrets
 from django.core import signing
 
 from accounts.models import LoginDevice
+from config.client_ip import client_ip
 
 COOKIE = "rs_device"
 COOKIE_MAX_AGE_S = 2 * 365 * 24 * 3600
@@ -41,7 +42,7 @@ def login_seen(request, user) -> LoginDevice | None:
         device_id = secrets.token_urlsafe(24)
         request.rigshare_new_device_id = device_id  # the middleware sets the cookie
     fields = {"user_agent": request.META.get("HTTP_USER_AGENT", "")[:300],
-              "ip": request.META.get("REMOTE_ADDR") or None}
+              "ip": client_ip(request)}
     row, created = LoginDevice.objects.update_or_create(
         user=user, digest=_digest(device_id), defaults=fields)
     if not created:

@@ -18,6 +18,8 @@ import logging
 from urllib.parse import urlsplit
 
 from allauth.account.adapter import get_adapter as account_adapter
+from allauth.account.decorators import reauthentication_required
+from allauth.account.internal.flows import reauthentication
 from allauth.account.models import EmailAddress
 from allauth.core import context as allauth_context
 from allauth.mfa.utils import is_mfa_enabled
@@ -32,6 +34,8 @@ from django.shortcuts import redirect
 from django.test import RequestFactory
 from django.urls import reverse
 from django.utils import timezone
+from rest_framework import permissions
+from rest_framework.authentication import SessionAuthentication
 
 from accounts.models import PersonalToken, User
 
@@ -88,6 +92,29 @@ def strong_account_required(action: str):
         return wrapped
 
     return decorate
+
+
+# Moves of money, secrets or the account's addresses ask for the password (or a second-factor
+# code) again when the session's last proof is older than ACCOUNT_REAUTHENTICATION_TIMEOUT: a
+# stolen session alone cannot take the account or its money. allauth's reauthentication: the
+# page asks, then replays the request that was asked for.
+recent_proof_required = reauthentication_required(allow_get=True)
+
+
+class RecentProof(permissions.BasePermission):
+    """The REST API's side of recent_proof_required: a request made with the session (a
+    browser's) that changes something needs a recent re-authentication; one made with a REST
+    token is the token holder's, which the token itself proves."""
+
+    message = ("Confirm it is you first: re-authenticate at /accounts/reauthenticate/ (your "
+               "password or a two-factor code), then send this again, or use a REST token.")
+
+    def has_permission(self, request, view) -> bool:
+        if request.method in permissions.SAFE_METHODS:
+            return True
+        if not isinstance(request.successful_authenticator, SessionAuthentication):
+            return True
+        return not reauthentication.is_reauthentication_required(request._request, app="")
 
 
 def staff_required(view):

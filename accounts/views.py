@@ -41,6 +41,7 @@ def logout_everywhere(request):
 
 
 @login_required
+@security.recent_proof_required
 def tokens(request):
     form = PersonalTokenForm(request.POST or None)
     new_token = None

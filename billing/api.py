@@ -18,6 +18,13 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Upd
     serializer_class = ApiKeySerializer
     http_method_names = ["get", "post", "patch", "head", "options"]
 
+    def get_permissions(self):
+        # Making a key or raising its limits needs a recent proof when the session asks;
+        # revoking one never does.
+        extra = [security.RecentProof()] if self.action in ("create", "partial_update",
+                                                            "update") else []
+        return super().get_permissions() + extra
+
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):  # the schema generator has no user
             return ApiKey.objects.none()

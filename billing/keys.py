@@ -20,10 +20,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts import security
-from accounts.secrets import secret_digest, secret_issue, secret_matches, secret_prefix
+from accounts.secrets import secret_check, secret_digest, secret_issue, secret_prefix
 from billing.models import ApiKey
 from billing.pricing import format_usd
-from config.redis import REDIS_ERRORS, pool_options, redis_client
+from config.redis import REDIS_ERRORS, async_redis_client, redis_client
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +60,38 @@ def _cache_key(digest: str) -> str:
 
 
 UNLIMITED_ACTION = "create an API key with no spend limit"
+# A period's limit as what it may spend in a month (31 days, at most 5 weeks in one).
+PERIODS_A_MONTH = {"daily": 31, "weekly": 5, "monthly": 1}
+
+
+def spend_a_month(limit_micros: int | None, period: str) -> int | None:
+    """What a key with this limit may spend in a month at most; None: its whole balance."""
+    return None if limit_micros is None else limit_micros * PERIODS_A_MONTH[period]
+
+
+def large_spend_action(limit_micros: int | None, period: str) -> str | None:
+    """The phrase for what needs a verified email and two-factor, when a key with this limit
+    may spend more than RIGSHARE_KEY_SPEND_WITHOUT_2FA_MICROS a month; None when it may not."""
+    monthly = spend_a_month(limit_micros, period)
+    if monthly is None:
+        return UNLIMITED_ACTION
+    if monthly > settings.RIGSHARE_KEY_SPEND_WITHOUT_2FA_MICROS:
+        return (f"use an API key that may spend more than "
+                f"{format_usd(settings.RIGSHARE_KEY_SPEND_WITHOUT_2FA_MICROS)} a month")
+    return None
 
 
 def api_key_create(*, user, name: str, by_operator: bool = False,
                    **limits) -> tuple[ApiKey, str]:
-    """A new key, its secret returned this once. A key that may spend the whole balance needs
-    a verified email and two-factor (security.NeedsStrongerAccount otherwise), unless an
-    operator makes it on their own authority (`manage.py create_api_key`, the demo's set-up,
-    the benchmarks); the holder is emailed of every new key."""
-    if limits.get("spend_limit_micros") is None and not by_operator:
-        security.require_strong_account(user, UNLIMITED_ACTION)
+    """A new key, its secret returned this once. A key that may spend the whole balance, or
+    more than RIGSHARE_KEY_SPEND_WITHOUT_2FA_MICROS a month, needs a verified email and
+    two-factor (security.NeedsStrongerAccount otherwise), unless an operator makes it on their
+    own authority (`manage.py create_api_key`, the demo's set-up, the benchmarks); the holder
+    is emailed of every new key."""
+    action = large_spend_action(limits.get("spend_limit_micros"),
+                                limits.get("spend_period", ApiKey.Period.MONTHLY))
+    if action is not None and not by_operator:
+        security.require_strong_account(user, action)
     issued = secret_issue(KIND)
     with transaction.atomic():
         row = ApiKey.objects.create(user=user, name=name, prefix=issued.prefix,
@@ -84,14 +106,37 @@ def api_key_create(*, user, name: str, by_operator: bool = False,
 def api_key_update(*, user, key_id: int, **fields) -> ApiKey:
     with transaction.atomic():
         row = ApiKey.objects.select_for_update().get(pk=key_id, user=user)
-        if ("spend_limit_micros" in fields and fields["spend_limit_micros"] is None
-                and row.spend_limit_micros is not None):
-            security.require_strong_account(user, "remove a key's spend limit")
+        before = spend_a_month(row.spend_limit_micros, row.spend_period)
         for name, value in fields.items():
             setattr(row, name, value)
+        after = spend_a_month(row.spend_limit_micros, row.spend_period)
+        raised = after is None and before is not None or (
+            after is not None and before is not None and after > before)
+        action = large_spend_action(row.spend_limit_micros, row.spend_period)
+        if raised and action is not None:
+            security.require_strong_account(
+                user, "remove a key's spend limit" if after is None else action)
         row.save()
     _changed(row.digest)
     return row
+
+
+def api_keys_revoke_all(*, user) -> int:
+    """Revoke every active key of the user (a password reset after a suspected takeover):
+    each is refused from now on, in every process. Returns how many."""
+    rows = list(ApiKey.objects.filter(user=user, revoked_at__isnull=True)
+                .values_list("pk", "digest"))
+    ApiKey.objects.filter(pk__in=[pk for pk, _ in rows]).update(revoked_at=timezone.now())
+    for _, digest in rows:
+        _changed(digest)
+    return len(rows)
+
+
+def api_keys_active(user) -> list[str]:
+    """The user's active keys as a security email names them: name and public prefix."""
+    return [f"{name} (rs_{prefix}_…)" for name, prefix in ApiKey.objects.filter(
+        user=user, revoked_at__isnull=True).order_by("created_at").values_list("name",
+                                                                            "prefix")]
 
 
 def api_key_revoke(*, user, key_id: int) -> bool:
@@ -129,38 +174,18 @@ def api_key_authenticate(token: str) -> KeyInfo | None:
     if cached is not None and cached != _CHANGED:
         return cached or None
     row = ApiKey.objects.filter(prefix=prefix).first()
-    ok = row is not None and row.revoked_at is None and secret_matches(token, row.digest)
+    kept = secret_check(token, row.digest) if row is not None else None
+    ok = kept is not None and row.revoked_at is None
     info = KeyInfo.of(row) if ok else None
     try:
         cache.add(_cache_key(digest), info or False, CACHE_S)
     except REDIS_ERRORS:
         pass
     if ok:
-        ApiKey.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+        # A digest made under a SECRET_KEY since replaced is re-hashed on this use: the key's
+        # cached copies are named by its digest under SECRET_KEY (`digest`), as its row now is.
+        ApiKey.objects.filter(pk=row.pk).update(last_used_at=timezone.now(), digest=kept)
     return info
-
-
-_clients: dict = {}
-
-
-def _async_redis():
-    """One asyncio Redis client per event loop (its connections belong to that loop)."""
-    import redis.asyncio
-
-    loop = asyncio.get_running_loop()
-    client = _clients.get(loop)
-    if client is None:
-        pool = redis.asyncio.BlockingConnectionPool.from_url(settings.REDIS_URL,
-                                                             **_async_pool_options())
-        client = _clients[loop] = redis.asyncio.Redis(connection_pool=pool)
-    return client
-
-
-def _async_pool_options() -> dict:
-    from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
-
-    return pool_options() | {"retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 1)}
 
 
 async def api_key_cached(token: str) -> tuple[bool, KeyInfo | None]:
@@ -181,7 +206,7 @@ async def api_key_cached(token: str) -> tuple[bool, KeyInfo | None]:
             return True, hit[1]
     generation = _NEAR.generation
     try:
-        raw = await _async_redis().get(cache.make_key(_cache_key(digest)))
+        raw = await async_redis_client().get(cache.make_key(_cache_key(digest)))
     except REDIS_ERRORS:  # Redis away: the caller checks the key in the database
         return False, None
     if raw is None:

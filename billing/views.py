@@ -187,6 +187,7 @@ def transactions_csv(request):
 # --- API keys ---
 
 @login_required
+@security.recent_proof_required
 def api_keys(request):
     form = ApiKeyForm(request.POST or None)
     new_key = new_token = None
@@ -208,10 +209,12 @@ def api_keys(request):
         "form": form, "keys": rows, "new_key": new_key, "new_token": new_token,
         "unlimited_problem": security.strong_account_problem(request.user,
                                                              keys.UNLIMITED_ACTION),
+        "spend_without_2fa": format_usd(settings.RIGSHARE_KEY_SPEND_WITHOUT_2FA_MICROS),
     })
 
 
 @login_required
+@security.recent_proof_required
 def api_key_edit(request, key_id: int):
     key = get_object_or_404(ApiKey, pk=key_id, user=request.user, revoked_at__isnull=True)
     form = ApiKeyForm(request.POST or None, initial=ApiKeyForm.initial_for(key))
@@ -272,6 +275,7 @@ def usage(request):
 # --- provider payouts ---
 
 @login_required
+@security.recent_proof_required
 def payouts(request):
     form = PayoutRequestForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -298,6 +302,7 @@ def payouts(request):
 
 @login_required
 @security.strong_account_required("change where payouts go")
+@security.recent_proof_required
 def payout_destination(request):
     current = PayoutDestination.objects.filter(provider=request.user).first()
     initial = {} if current is None else {

@@ -8,6 +8,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from accounts import security
 from billing import selectors as billing_selectors
 from lifecycle import services
 from lifecycle.forms import CloseAccountForm
@@ -25,6 +26,7 @@ def data_download(request):
 
 
 @login_required
+@security.recent_proof_required
 def close(request):
     user = request.user
     credit = billing_selectors.user_balances(user.pk)["wallet"]

@@ -78,6 +78,17 @@ def _usage_spool(settings, tmp_path):
 
 
 @pytest.fixture(autouse=True)
+def _recent_proof(request, monkeypatch):
+    """A logged-in test session counts as just re-authenticated (the password asked again
+    before money or secrets move: accounts.security.recent_proof_required), except in tests
+    marked `reauth`, which test that asking."""
+    if "reauth" not in request.keywords:
+        from allauth.account.internal.flows import reauthentication
+        monkeypatch.setattr(reauthentication, "did_recently_reauthenticate",
+                            lambda request: request.user.is_authenticated)
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
     # PBKDF2's cost is the point in production and pure waiting in tests.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -64,7 +64,8 @@ def world(alice, fund):
     token_row, token = marketplace.enrolment_token_create(owner=alice)
     agent_node = marketplace.node_enroll(token=token, hostname="rig-1", agent_version="1.0.0")
     spare_row, spare_token = marketplace.enrolment_token_create(owner=alice)
-    key, _ = api_key_create(user=alice, name="schema", spend_limit_micros=10**12)
+    key, _ = api_key_create(user=alice, name="schema", spend_limit_micros=10**12,
+                            by_operator=True)
     _, personal_token = personal_token_create(user=alice, name="schema")
     return {
         "personal_token": personal_token,

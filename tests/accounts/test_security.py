@@ -166,6 +166,125 @@ def test_a_key_without_a_spend_limit_needs_two_factor_on_the_page_and_in_the_api
     assert mailoutbox[-1].to == [carol.email] and "no spend limit" in mailoutbox[-1].body
 
 
+def test_a_key_that_may_spend_a_lot_needs_two_factor_as_one_without_a_limit(client, mallory,
+                                                                             carol, settings):
+    """A stolen session cannot sidestep the rule with a huge limit: past
+    RIGSHARE_KEY_SPEND_WITHOUT_2FA_MICROS a month ($100 here; a daily limit counts 31 times, a
+    weekly one 5), a key needs what a key without a limit needs."""
+    settings.RIGSHARE_KEY_SPEND_WITHOUT_2FA_MICROS = 100 * USD
+    client.force_login(mallory)
+    for limit, period in (("1000000", "monthly"), ("4", "daily"), ("25", "weekly")):
+        page = client.post("/billing/keys/", {"name": "big", "spend_limit": limit,
+                                              "spend_period": period})
+        assert "Turn on two-factor" in page.content.decode(), (limit, period)
+        assert "more than $100.00 a month" in page.content.decode()
+    assert not ApiKey.objects.filter(user=mallory).exists()
+    for limit, period in (("100", "monthly"), ("3", "daily"), ("20", "weekly")):
+        client.post("/billing/keys/", {"name": f"small {period}", "spend_limit": limit,
+                                       "spend_period": period})
+    assert ApiKey.objects.filter(user=mallory).count() == 3
+    # Nor may a small key be raised past it, by its limit or by its period; lowered, it may.
+    key = ApiKey.objects.get(user=mallory, name="small monthly")
+    for limit, period in (("101", "monthly"), ("100", "daily")):
+        edit = client.post(f"/billing/keys/{key.pk}/", {"name": "small monthly",
+                                                        "spend_limit": limit,
+                                                        "spend_period": period})
+        assert "Turn on two-factor" in edit.content.decode()
+    client.post(f"/billing/keys/{key.pk}/", {"name": "small monthly", "spend_limit": "50",
+                                             "spend_period": "monthly"})
+    key.refresh_from_db()
+    assert (key.spend_limit_micros, key.spend_period) == (50 * USD, "monthly")
+    api = APIClient()
+    api.force_authenticate(mallory)
+    refused = api.post("/api/keys/", {"name": "big", "spend_limit_usd": "1000000"},
+                       format="json")
+    assert refused.status_code == 403 and "two-factor" in refused.json()["detail"]
+    # With two-factor on, any limit.
+    api.force_authenticate(carol)
+    assert api.post("/api/keys/", {"name": "big", "spend_limit_usd": "1000000"},
+                    format="json").status_code == 201
+
+
+# --- a recent proof before money, secrets or addresses move ---
+
+GUARDED = [  # (what, path, what it posts)
+    ("an API key", "/billing/keys/", {"name": "k", "spend_limit": "5",
+                                      "spend_period": "monthly"}),
+    ("a key's limits", "/billing/keys/{key}/", {"name": "k", "spend_limit": "9",
+                                                "spend_period": "monthly"}),
+    ("a payout", "/billing/payouts/", {"amount": "10"}),
+    ("where payouts go", "/billing/payouts/destination/",
+     {"method": "paypal", "holder_name": "Bob", "paypal_email": "thief@example.com"}),
+    ("a REST token", "/accounts/tokens/", {"name": "script"}),
+    # (alice: allauth adds no address to an account with two-factor on)
+    ("an email address", "/accounts/email/", {"action_add": "", "email": "new@example.com"}),
+    ("closing the account", "/accounts/close/", {"confirm_email": "bob@example.com",
+                                                   "give_up_credit": "on"}),
+]
+
+
+@pytest.mark.reauth
+@pytest.mark.parametrize("what, path, data", GUARDED, ids=[g[0] for g in GUARDED])
+def test_a_session_alone_moves_no_money_secret_or_address(client, bob, alice, what, path,
+                                                          data):
+    """A session whose last proof is older than ACCOUNT_REAUTHENTICATION_TIMEOUT (a stolen
+    cookie) is asked for the password again before anything of these moves; the page itself
+    still opens."""
+    user = alice if what == "an email address" else bob
+    key, _ = keys.api_key_create(user=user, name="k", spend_limit_micros=USD)
+    path = path.format(key=key.pk)
+    log_in(client, user.email, secret=getattr(user, "totp_secret", None))
+    before = (ApiKey.objects.count(), Payout.objects.count(), PersonalToken.objects.count(),
+              EmailAddress.objects.count(), PayoutDestination.objects.count())
+    assert client.get(path).status_code == 200
+    asked = client.post(path, data)
+    assert asked.status_code == 302 and asked["Location"].startswith(
+        "/accounts/reauthenticate/"), (what, asked.status_code, asked.get("Location"))
+    assert (ApiKey.objects.count(), Payout.objects.count(), PersonalToken.objects.count(),
+            EmailAddress.objects.count(), PayoutDestination.objects.count()) == before
+    key.refresh_from_db()
+    assert key.spend_limit_micros == USD
+    user.refresh_from_db()
+    assert user.is_active
+
+
+@pytest.mark.reauth
+def test_the_password_given_again_lets_the_asked_request_through_once(client, carol):
+    log_in(client, carol.email, secret=carol.totp_secret)
+    asked = client.post("/billing/keys/", {"name": "ci", "spend_limit": "5",
+                                           "spend_period": "monthly"})
+    assert asked["Location"] == "/accounts/reauthenticate/?next=%2Fbilling%2Fkeys%2F"
+    assert not ApiKey.objects.filter(user=carol).exists()
+    wrong = client.post(asked["Location"], {"password": "not it"})
+    assert wrong.status_code == 200 and not ApiKey.objects.filter(user=carol).exists()
+    done = client.post(asked["Location"], {"password": PASSWORD})
+    # The request that was asked for is replayed: the key exists, its secret on the page.
+    (row,) = ApiKey.objects.filter(user=carol)
+    assert row.name == "ci" and f"rs_{row.prefix}_" in done.content.decode()
+    # Proven a moment ago: the next one goes through at once.
+    client.post("/billing/keys/", {"name": "ci 2", "spend_limit": "5", "spend_period": "monthly"})
+    assert ApiKey.objects.filter(user=carol).count() == 2
+
+
+@pytest.mark.reauth
+def test_the_rest_api_asks_a_session_for_a_recent_proof_and_a_token_for_nothing(client, carol):
+    log_in(client, carol.email, secret=carol.totp_secret)
+    refused = client.post("/api/keys/", {"name": "k", "spend_limit_usd": "5"},
+                          content_type="application/json")
+    assert refused.status_code == 403 and "re-authenticate" in refused.json()["detail"]
+    key, _ = keys.api_key_create(user=carol, name="old", spend_limit_micros=USD)
+    refused = client.patch(f"/api/keys/{key.pk}/", {"spend_limit_usd": "50"},
+                           content_type="application/json")
+    assert refused.status_code == 403
+    # Revoking never needs it; the REST token proves its holder.
+    assert client.post(f"/api/keys/{key.pk}/revoke/").status_code == 200
+    _, token = personal_token_create(user=carol, name="script")
+    rest = APIClient()
+    rest.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert rest.post("/api/keys/", {"name": "k", "spend_limit_usd": "5"},
+                     format="json").status_code == 201
+
+
 # --- two-factor log-in ---
 
 def test_with_two_factor_the_password_alone_logs_nobody_in(client, bob):
@@ -301,6 +420,37 @@ def test_password_reset_by_email_and_its_link_works_once(client, alice, mailoutb
     alice.refresh_from_db()
     assert alice.check_password("a-brand-new-pass-77")
     assert log_in(Client(), alice.email, "a-brand-new-pass-77").status_code == 302
+
+
+@pytest.mark.django_db(transaction=True)  # allauth mails on commit
+@pytest.mark.parametrize("revoke", [False, True])
+def test_a_reset_offers_to_revoke_the_api_keys_and_its_email_names_them(client, alice, carol,
+                                                                       mailoutbox, revoke):
+    """API keys survive a password reset. The reset's page offers to revoke them all, and the
+    email about the reset names those still working."""
+    laptop, _ = keys.api_key_create(user=alice, name="laptop", spend_limit_micros=USD)
+    ci, ci_token = keys.api_key_create(user=alice, name="ci", spend_limit_micros=USD)
+    carols, carols_token = keys.api_key_create(user=carol, name="carol's", spend_limit_micros=USD)
+    assert keys.api_key_authenticate(ci_token) is not None  # cached, as in use
+    client.post("/accounts/password/reset/", {"email": alice.email})
+    link = link_in(mailoutbox[-1], "/accounts/password/reset/key/")
+    form = client.get(link, follow=True)
+    page = form.content.decode()
+    assert "Also revoke all my API keys (2: laptop (rs_" in page and "carol" not in page
+    set_url = form.redirect_chain[-1][0] if form.redirect_chain else link
+    data = {"password1": "a-brand-new-pass-77", "password2": "a-brand-new-pass-77"}
+    done = client.post(set_url, data | ({"revoke_keys": "on"} if revoke else {}))
+    assert done.status_code == 302
+    active = ApiKey.objects.filter(user=alice, revoked_at__isnull=True)
+    assert active.count() == (0 if revoke else 2)
+    assert (keys.api_key_authenticate(ci_token) is None) is revoke  # its cached copy too
+    assert keys.api_key_authenticate(carols_token) is not None  # nobody else's
+    (mail,) = [m for m in mailoutbox if "reset" in m.body and "Your password was reset" in m.body]
+    if revoke:
+        assert "no active /v1 API key" in mail.body
+    else:
+        assert f"- laptop (rs_{laptop.prefix}_…)" in mail.body
+        assert f"- ci (rs_{ci.prefix}_…)" in mail.body
 
 
 def test_a_reset_of_a_two_factor_account_still_asks_the_code(client, bob, mailoutbox):

@@ -443,14 +443,14 @@ def test_a_key_revoked_while_it_is_being_authenticated_stays_revoked(carol, monk
     then deletes the cache entry. A revoke landing between the read and the cache write is
     undone by that stale write, and the revoked key keeps working for up to 30 s."""
     row, token = api_key_create(user=carol, name="laptop")
-    real = keys.secret_matches
+    real = keys.secret_check
 
     def revoked_meanwhile(token_, digest):
-        monkeypatch.setattr(keys, "secret_matches", real)
+        monkeypatch.setattr(keys, "secret_check", real)
         assert api_key_revoke(user=carol, key_id=row.pk)
         return real(token_, digest)
 
-    monkeypatch.setattr(keys, "secret_matches", revoked_meanwhile)
+    monkeypatch.setattr(keys, "secret_check", revoked_meanwhile)
     api_key_authenticate(token)  # the request in flight as the key is revoked may pass
     assert api_key_authenticate(token) is None  # the next one must not
 
