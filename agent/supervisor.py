@@ -754,6 +754,12 @@ class Supervisor:
         status, others, closed = link.wait_for("status", KEEPER_START_S)
         if status is None:
             link.close()
+            # An engine that exits at once can be gone before its keeper reads the hello: the
+            # keeper says so and closes without a status. That is the engine's exit, with its
+            # code, not the keeper's death.
+            exited = next((e for e in others if e.get("event") == "exited"), None)
+            if exited is not None:
+                self._exited(exited.get("returncode"))
             return False
         meta = status.get("meta") or {}
         self._link, self._pgid = link, status.get("pgid")

@@ -161,6 +161,35 @@ def test_restarts_asked_before_the_agent_started_are_not_redone(tmp_path):
         again.stop()
 
 
+class _ClosedAfterExit:
+    """A keeper link as the supervisor sees it when the engine exited before its keeper read
+    the hello: the keeper's `exited` event, then the socket closed, no status."""
+
+    def __init__(self, returncode):
+        self.returncode, self.closed = returncode, False
+
+    def send(self, message):
+        return True
+
+    def wait_for(self, name, timeout):
+        return None, [{"event": "exited", "returncode": self.returncode,
+                       "requested": False}], True
+
+    def close(self):
+        self.closed = True
+
+
+def test_an_engine_gone_before_its_keeper_said_hello_is_an_exit_with_its_code(tmp_path):
+    sup = Supervisor(state_dir=tmp_path / "state", engine_url="http://127.0.0.1:9",
+                     command=[sys.executable, "-c", "exit(3)"], backoff=Backoff(first_s=30),
+                     log=lambda line: None)
+    link = _ClosedAfterExit(3)
+    assert sup._hello(link) is False and link.closed
+    report = sup.report()
+    assert (report["state"], report["exit_code"]) == ("crashed", 3)
+    assert "keeper" not in (report["error"] or "")
+
+
 def test_the_engine_key_reaches_the_engine_and_nothing_the_platform_sees(tmp_path,
                                                                           monkeypatch):
     monkeypatch.setenv("RIGSHARE_ENGINE_KEY", "sk-node-key-77")
