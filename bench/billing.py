@@ -53,7 +53,7 @@ from django.db import connection, connections  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from accounts.models import User  # noqa: E402
-from bench import procfs  # noqa: E402
+from bench import procfs, results  # noqa: E402
 from billing import metering  # noqa: E402
 from billing.keys import KeyInfo, api_key_create  # noqa: E402
 from billing.metering import MeteringError, Usage, Worker  # noqa: E402
@@ -262,7 +262,7 @@ def make_clients(count: int, *, wallets: int) -> list[tuple[KeyInfo, Worker]]:
         credits_grant(user=user, amount_micros=FUNDS, idempotency_key=f"bench:{tag}:{w}")
         row, _ = api_key_create(user=user, name="bench", spend_limit_micros=10**15,
                                 spend_period="daily", requests_per_minute=MAX_INT,
-                                tokens_per_minute=MAX_INT)
+                                tokens_per_minute=MAX_INT, by_operator=True)
         keys.append(KeyInfo.of(row))
     providers = [User.objects.create_user(f"provider-{tag}-{i}@example.com", None)
                  for i in range(count)]
@@ -455,6 +455,9 @@ def main() -> None:
                 usage = cpu.result()
                 rate = result.pairs / args.duration
                 rows.append((mode, wallets, rate))
+                results.record("billing", f"pairs/s, {wallets} wallet{'s' if wallets > 1 else ''}"
+                               f", {mode}", rate, "pairs/s", better="higher",
+                               yardstick_us=yardstick * 1e6)
                 errors = ", ".join(f"{n} {name}" for name, n in result.errors.most_common())
                 idle = max(0.0, (os.cpu_count() or 1) - usage.get("machine", 0))
                 print(f"{label:<22} {wallets:>7} {rate:>8.0f} "
@@ -482,6 +485,8 @@ def main() -> None:
                   f"{ms['python']:.2f} (Django, metering, ledger)")
             cpu = found["cpu_ms"]
             total = cpu["python"] + cpu["pg"] + cpu["redis"]
+            results.record("billing", "CPU ms/pair", total, "ms", better="lower",
+                           yardstick_us=yardstick * 1e6)
             cores = os.cpu_count() or 1
             print(f"CPU per pair: Python {cpu['python']:.2f} ms + its PostgreSQL backend "
                   f"{cpu['pg']:.2f} ms + Redis server {cpu['redis']:.2f} ms = {total:.2f} ms, "

@@ -29,6 +29,7 @@ from django.test import Client  # noqa: E402
 from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 
 from accounts.models import User  # noqa: E402
+from bench import results  # noqa: E402
 from marketplace import costs, keyset, selectors  # noqa: E402
 from marketplace.filters import SORTS, CatalogFilterForm  # noqa: E402
 from marketplace.models import Card, Listing, Node  # noqa: E402
@@ -171,9 +172,14 @@ def main() -> None:
               f"{'queries':>7}")
         for total in sizes:
             grow_to(owner, total)
+            yardstick = results.cpu_yardstick_us()
             for name, path, params in cases():
                 p50, p95, sql, n = measure(client, path, params)
                 print(f"{total:>9,}  {name:<24} {p50:>7.1f} {p95:>7.1f} {sql:>7.1f} {n:>7}")
+                results.record("catalog", f"{name} p50 ms at {total:,}", round(p50, 2), "ms",
+                               better="lower", yardstick_us=yardstick)
+                results.record("catalog", f"{name} queries at {total:,}", n, "queries",
+                               better="lower", scales=False)
         if args.explain:
             for name, _, params in cases():
                 print(f"\n{name}, {sizes[-1]:,} listings")

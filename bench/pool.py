@@ -43,6 +43,7 @@ from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from accounts.models import User  # noqa: E402
+from bench import results  # noqa: E402
 from marketplace.models import Card, Node  # noqa: E402
 from routing import balancer, placement, pool  # noqa: E402
 from routing.models import Deployment, EngineModel, Model  # noqa: E402
@@ -171,6 +172,12 @@ def main() -> int:
             print(f"{size:>7,} | {r['full'] * 1e3:>6.0f} ms | {idle50:>14.2f} / {idle99:.2f} ms "
                   f"{'':>7}| {changed:>27} ms | {p50:>5.0f} / {p99:>4.0f} µs | "
                   f"{r['memory'] / 2**20:>5.1f} MiB")
+            yardstick = results.cpu_yardstick_us()
+            for figure, value, unit in ((f"full read ms at {size:,}", r["full"] * 1e3, "ms"),
+                                        (f"refresh p99 ms at {size:,}", idle99, "ms"),
+                                        (f"placement p99 µs at {size:,}", p99, "µs")):
+                results.record("pool", figure, round(value, 3), unit, better="lower",
+                               yardstick_us=yardstick)
             if size == 10_000:
                 goals = [("refresh with nothing changed under 5 ms (p99)", idle99 < 5),
                          ("placement p99 under 1 ms", p99 < 1000)]

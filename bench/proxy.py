@@ -1,6 +1,8 @@
-"""Inference proxy benchmark: one fleetsim engine called directly and through Rigshare, at 1
-and 64 concurrent streams. Goal: the proxy adds at most 3 ms to the p50 time to first token
-and keeps at least 95% of the direct streams' output tokens/s.
+"""Inference proxy benchmark: one fleetsim engine called directly, through Rigshare, and
+through vllm-router (a compiled router, for comparison), at 1 and 64 concurrent streams.
+Goals: the proxy adds at most 1 ms to the p50 time to first token, keeps at least 95% of the
+direct streams' output tokens/s, and spends at most 1.5x vllm-router's CPU per streamed request
+on the same loads in the same run (`--peer none` leaves vllm-router out).
 
 Three processes: the engine (`python -m fleetsim serve`, the H200 vLLM profile at time scale 1,
 so streams run at a real card's rates: 170 tok/s alone, ~2,900 tok/s over 64 streams), Rigshare
@@ -32,6 +34,7 @@ loop's time goes per request. Figures and their analysis: docs/benchmarks.md.
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -84,8 +87,12 @@ REPO = Path(__file__).resolve().parent.parent
 PROFILE = "h200"
 MODEL = "qwen3-27b"  # the public name; the engine knows it by the profile's model id
 STREAMS = 64
-GOAL_TTFT_MS = 3.0
+GOAL_TTFT_MS = 1.0
 GOAL_RATIO = 0.95
+# CPU per streamed request at most this many times the peer router's (vllm-router, Rust) on
+# the same loads in the same run.
+GOAL_CPU_VS_PEER = 1.5
+PEER = ("vllm-router", "cache_aware")
 # A content chunk: a delta with text in it (vLLM's role chunk has "content":"").
 _CONTENT = re.compile(rb'"content":"(?!")')
 _EVENT_END = b"\n\n"
@@ -254,15 +261,17 @@ def new_client(kind: str) -> httpx.AsyncClient:
 
 # --- CPU: which process used the cores ---
 
-KINDS = ("client", "engine", "proxy", "pg", "redis", "other")
+KINDS = ("client", "engine", "proxy", "peer", "pg", "redis", "other")
 
 
 class CpuWatch:
     """CPU seconds used between two samples by this client, the engine, the proxy, the
     PostgreSQL backends of this benchmark's database, the Redis server, and everything else."""
 
-    def __init__(self, engine_pid: int, proxy_pid: int, db_name: str):
+    def __init__(self, engine_pid: int, proxy_pid: int, db_name: str,
+                 peer_pid: int | None = None):
         self.pids = {"client": [os.getpid()], "engine": [engine_pid], "proxy": [proxy_pid],
+                     "peer": [peer_pid] if peer_pid else [],
                      "redis": procfs.pids_of(b"redis-server")}
         self.db_name = db_name.encode()
 
@@ -399,15 +408,25 @@ def stream_problems(phases: list[Phase], max_tokens: int) -> list[str]:
             if s.error or not s.done or s.tokens != max_tokens or s.usage_tokens != max_tokens]
 
 
-def report(loads: list[Load], results: dict, idle: dict, cores: int) -> None:
-    """results[(load label, path)] = [Phase per round]."""
-    print(f"{'':<19} {'TTFT ms':^15} {'tok/s':>7}  {'CPU cores used while the phases ran':^48}")
-    print(f"{'load       path':<19} {'p50':>7} {'p99':>7} {'median':>7}  "
+def cpu_per_request_ms(phases: list[Phase], kind: str, idle: dict) -> float:
+    """CPU of one process kind per request over the phases, its idle work taken out."""
+    requests = sum(len(ph.streams) for ph in phases)
+    busy = sum(ph.cpu.get(kind, 0.0) - idle.get(kind, 0.0) * ph.wall_s for ph in phases)
+    return busy / max(requests, 1) * 1000
+
+
+def report(loads: list[Load], results: dict, idle: dict, cores: int, peer: str = "",
+           yardstick_us: float | None = None) -> None:
+    """results[(load label, path)] = [Phase per round]; `peer`: the peer router's path name,
+    when one ran."""
+    names = ["direct", "proxied"] + ([peer] if peer else [])
+    print(f"{'':<24} {'TTFT ms':^15} {'tok/s':>7}  {'CPU cores used while the phases ran':^55}")
+    print(f"{'load       path':<24} {'p50':>7} {'p99':>7} {'median':>7}  "
           + " ".join(f"{k:>6}" for k in KINDS) + f" {'idle':>6}")
-    verdicts = []
+    verdicts, cpu_verdicts = [], []
     for load in loads:
         rows = {}
-        for name in ("direct", "proxied"):
+        for name in names:
             phases = results[(load.label, name)]
             ttft = ttfts_ms(phases)
             wall = sum(ph.wall_s for ph in phases)
@@ -415,7 +434,7 @@ def report(loads: list[Load], results: dict, idle: dict, cores: int) -> None:
             busy = sum(ph.cpu.get("machine", 0.0) for ph in phases) / wall
             rows[name] = (pct(ttft, .5), pct(ttft, .99),
                           statistics.median(ph.tps for ph in phases), len(ttft))
-            print(f"{load.label:<10} {name:<8} {rows[name][0]:>7.1f} {rows[name][1]:>7.1f} "
+            print(f"{load.label:<10} {name[:13]:<13} {rows[name][0]:>7.1f} {rows[name][1]:>7.1f} "
                   f"{rows[name][2]:>7.0f}  " + " ".join(f"{cpu[k]:>6.2f}" for k in KINDS)
                   + f" {max(0.0, cores - busy):>6.2f}")
         ratios = [p.tps / d.tps for d, p in zip(results[(load.label, "direct")],
@@ -427,49 +446,80 @@ def report(loads: list[Load], results: dict, idle: dict, cores: int) -> None:
         verdicts.append(f"{load.label}: {'met' if ok else 'MISSED'}" if load.goal else
                         f"{load.label} (a burst, not a goal): {'within' if ok else 'beyond'}")
         proxied = results[(load.label, "proxied")]
-        requests = sum(len(ph.streams) for ph in proxied)
-        busy_s = sum(ph.cpu.get("proxy", 0.0) - idle["proxy"] * ph.wall_s for ph in proxied)
-        loop_s = sum(ph.cpu.get("proxy loop", 0.0) - idle["proxy loop"] * ph.wall_s
-                     for ph in proxied)
-        print(f"{load.label:<10} {'added':<8} {added50:>+7.1f} {added99:>+7.1f}  x{ratio:.3f}"
+        ours = cpu_per_request_ms(proxied, "proxy", idle)
+        loop = cpu_per_request_ms(proxied, "proxy loop", idle)
+        print(f"{load.label:<10} {'added':<13} {added50:>+7.1f} {added99:>+7.1f}  x{ratio:.3f}"
               f"  (rounds {' '.join(f'{r:.3f}' for r in ratios)}; {rows['proxied'][3]} TTFTs;"
-              f" proxy CPU per request {busy_s / requests * 1000:.1f} ms, of which event loop "
-              f"{loop_s / requests * 1000:.1f}, idle work taken out)")
+              f" proxy CPU per request {ours:.1f} ms, of which event loop {loop:.1f}, idle "
+              "work taken out)")
+        key = load.label.replace(f"{STREAMS} ", f"{STREAMS} streams ")
+        if load.goal:
+            results_record(f"added TTFT p50 ms, {key}", added50, "ms", better="lower",
+                           scales=False)
+            results_record(f"proxy CPU ms/request, {key}", ours, "ms", better="lower",
+                           yardstick_us=yardstick_us)
+        if peer:
+            theirs = cpu_per_request_ms(results[(load.label, peer)], "peer", idle)
+            peer_ratio = statistics.median(
+                p.tps / d.tps for d, p in zip(results[(load.label, "direct")],
+                                              results[(load.label, peer)], strict=True))
+            print(f"{load.label:<10} {peer[:13]:<13} {rows[peer][0] - rows['direct'][0]:>+7.1f} "
+                  f"{rows[peer][1] - rows['direct'][1]:>+7.1f}  x{peer_ratio:.3f}  ({peer} CPU "
+                  f"per request {theirs:.1f} ms: Rigshare's is {ours / theirs:.2f}x)")
+            if load.goal:
+                cpu_verdicts.append(f"{load.label}: {ours / theirs:.2f}x "
+                                    f"({'met' if ours <= GOAL_CPU_VS_PEER * theirs else 'MISSED'})")
+                results_record(f"proxy CPU / {peer}'s, {key}", ours / theirs, "x",
+                               better="lower", scales=False)
     print(f"goal, added TTFT p50 <= {GOAL_TTFT_MS:g} ms and >= {GOAL_RATIO:.0%} of direct "
           f"tok/s: {'; '.join(verdicts)}")
+    if peer:
+        print(f"goal, proxy CPU per streamed request <= {GOAL_CPU_VS_PEER:g}x {peer}'s in the "
+              f"same run: {'; '.join(cpu_verdicts)}")
     print(f"tok/s: content chunks received over the phase's wall time ({STREAMS} steady: in "
           "the measured window), median of rounds; x: proxied over direct, median of the "
           f"rounds' ratios. TTFT percentiles over every measured request of every round "
           f"({STREAMS} steady: those started in the window).")
     print(f"CPU: by this client, the engine, the proxy (uvicorn, 1 worker; {idle['proxy']:.3f} "
-          "cores when idle: pool refresh, request log), the PostgreSQL backends of the "
-          "benchmark's database, Redis, and everything else (other programs on the VM). "
-          f"This machine has {cores} cores for all of them: at {STREAMS} streams the client and "
-          "the engine compete with the proxy for CPU.")
+          "cores when idle: pool refresh, request log), the peer router, the PostgreSQL "
+          "backends of the benchmark's database, Redis, and everything else (other programs "
+          f"on the VM). This machine has {cores} cores for all of them: at {STREAMS} streams the "
+          "client and the engine compete with the proxy for CPU.")
+
+
+def results_record(figure: str, value: float, unit: str, **kw) -> None:
+    from bench import results
+
+    results.record("proxy", figure, round(value, 3), unit, **kw)
 
 
 # --- the run ---
 
-async def measure(args, loads: list[Load], direct: Route, proxied: Route, watch: "CpuWatch"
+async def measure(args, loads: list[Load], routes: list[Route], watch: "CpuWatch"
                   ) -> tuple[dict, dict]:
-    results: dict = {(ld.label, n): [] for ld in loads for n in ("direct", "proxied")}
-    async with new_client(args.client) as to_engine, new_client(args.client) as to_proxy:
-        client = {"direct": to_engine, "proxied": to_proxy}
-        # Warm-up: connections on both paths (and the proxy's to the engine), the proxy's
+    """Each load on each route (direct, proxied, and the peer router where it runs), the
+    routes' order reversed every other round."""
+    results: dict = {(ld.label, r.name): [] for ld in loads for r in routes}
+    clients = {route.name: new_client(args.client) for route in routes}
+    try:
+        # Warm-up: connections on every path (and the routers' to the engine), the proxy's
         # pool snapshot, key cache and database threads.
-        for route in (direct, proxied):
-            await run_phase(client[route.name], route, Load("", STREAMS))
-            await run_phase(client[route.name], route, Load("", 1, 3))
+        for route in routes:
+            await run_phase(clients[route.name], route, Load("", STREAMS))
+            await run_phase(clients[route.name], route, Load("", 1, 3))
         before = watch.sample()
         await asyncio.sleep(5)
         spent = watch.since(before)
-        idle = {kind: spent[kind] / 5 for kind in ("proxy", "proxy loop")}
+        idle = {kind: spent[kind] / 5 for kind in ("proxy", "proxy loop", "peer")}
         for r in range(args.rounds):
             for load in loads:
-                for route in (direct, proxied) if r % 2 == 0 else (proxied, direct):
+                for route in routes if r % 2 == 0 else routes[::-1]:
                     results[(load.label, route.name)].append(
-                        await run_phase(client[route.name], route, load, watch))
+                        await run_phase(clients[route.name], route, load, watch))
             print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    finally:
+        for client in clients.values():
+            await client.aclose()
     return results, idle
 
 
@@ -583,6 +633,10 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="run the proxy under cProfile, send it the proxied loads only, "
                              "and print where its event loop's time goes")
+    parser.add_argument("--peer", choices=("vllm-router", "none"), default="vllm-router",
+                        help="also run the loads through this router in front of the same "
+                             "engine, for its CPU per request (default vllm-router, "
+                             "cache_aware; installed on first use, see bench/peers.py)")
     parser.add_argument("--profile-out", metavar="PATH",
                         help="with --profile, keep the cProfile stats file here (pstats)")
     args = parser.parse_args()
@@ -604,6 +658,7 @@ def main() -> int:
     engine = rigshare = None
     workdir = Path(tempfile.mkdtemp(prefix="bench-proxy-"))  # logs, the profile
     ok = True
+    stack = contextlib.ExitStack()  # the peer router, while it runs
     try:
         engine_port, proxy_port = free_port(), free_port()
         engine_url = f"http://127.0.0.1:{engine_port}"
@@ -654,20 +709,36 @@ def main() -> int:
                 shutil.copy(stats_path, args.profile_out)
             expected = profiled + warm_up
         else:
-            watch = CpuWatch(engine.pid, rigshare.pid, db_name)
-            results, idle = asyncio.run(measure(args, loads, direct, proxied, watch))
-            report(loads, results, idle, cores)
+            routes, peer_pid = [direct, proxied], None
+            if args.peer != "none":
+                from bench import peers
+
+                name = peers.label(*PEER, 1)
+                started: list[subprocess.Popen] = []
+                try:
+                    urls = stack.enter_context(peers.running(
+                        args.peer, PEER[1], 1, [engine_url], profile.model, workdir,
+                        procs_out=started))
+                    routes.append(Route(name, urls[0], profile.model, args.max_tokens,
+                                        peers.MASTER_KEY))
+                    peer_pid = started[0].pid
+                except peers.PeerUnavailable as exc:
+                    print(f"{name}: could not run ({exc.reason}); no CPU comparison")
+            watch = CpuWatch(engine.pid, rigshare.pid, db_name, peer_pid)
+            results, idle = asyncio.run(measure(args, loads, routes, watch))
+            report(loads, results, idle, cores, peer=routes[2].name if len(routes) > 2 else "",
+                   yardstick_us=yardstick * 1e6)
             by_path = {name: [ph for (_, n), phs in results.items() if n == name for ph in phs]
-                       for name in ("direct", "proxied")}
+                       for name in [r.name for r in routes]}
             bad = {name: stream_problems(phases, args.max_tokens)
                    for name, phases in by_path.items()}
             streams = sum(len(ph.streams) for ph in by_path["proxied"])
             expected = streams + warm_up
-            if bad["direct"] or bad["proxied"]:
+            if any(bad.values()):
                 ok = False
-                print(f"STREAM PROBLEMS: proxied {len(bad['proxied'])} "
-                      f"({'; '.join(sorted(set(bad['proxied']))[:5])}), direct "
-                      f"{len(bad['direct'])} ({'; '.join(sorted(set(bad['direct']))[:5])})")
+                print("STREAM PROBLEMS: " + ", ".join(
+                    f"{name} {len(found)} ({'; '.join(sorted(set(found))[:5])})"
+                    for name, found in bad.items()))
             else:
                 print(f"streams: every one delivered its {args.max_tokens} tokens, the usage "
                       f"chunk and [DONE] ({streams} proxied, {streams} direct, warm-up aside)")
@@ -687,6 +758,7 @@ def main() -> int:
         if log:
             print("the proxy wrote to stderr:\n" + "\n".join(log.splitlines()[-20:]))
     finally:
+        stack.close()
         stop(rigshare)
         stop(engine)
         # The proxy's database threads went with it; end anything left, then drop.

@@ -96,6 +96,7 @@ from bench.proxy import (  # noqa: E402
     verified_deployment,
     wait_http,
 )
+from bench.results import record  # noqa: E402
 from billing.keys import api_key_create  # noqa: E402
 from billing.models import ModelPrice  # noqa: E402
 from billing.services import credits_grant  # noqa: E402
@@ -501,16 +502,23 @@ def section_capacity(b: Bench) -> None:
               f"(goal 95%: {'met' if tps >= 0.95 * best else 'MISSED'}); PRO 6000 "
               f"{ratio:.2f}x the pair's tokens (goal 2.5x: "
               f"{'met' if ratio >= 2.5 else 'MISSED'})")
+        # Measured against the direct run of the same moment: neither moves with the CPU.
+        record("routing", f"capacity, {streams} streams, share of direct",
+                       round(tps / best, 4), "ratio", better="higher", scales=False)
+        record("routing", f"PRO 6000 tokens / 4090 pair's, {streams} streams",
+                       round(ratio, 3), "ratio", better="higher", scales=False)
 
 
 def section_affinity(b: Bench) -> None:
     args, rigshare, direct = b.args, b.rigshare, b.direct
     print(f"\n2. affinity ({args.conversations} conversations, a shared ~{len(SYSTEM)//4}"
-          f"-token system prompt, a ~1,500-word first turn each, 4 turns, 16 at a time)")
+          f"-token system prompt, a ~1,500-word first turn each, 4 turns, {args.at_once} at a "
+          "time)")
     conversations = conversation_turns(args.conversations, 4)
-    pinned = asyncio.run(affinity_run(direct, conversations, 16, args.max_tokens, True))
-    routed = asyncio.run(affinity_run(rigshare, conversations[::-1], 16, args.max_tokens,
-                                      False))
+    pinned = asyncio.run(affinity_run(direct, conversations, args.at_once, args.max_tokens,
+                                      True))
+    routed = asyncio.run(affinity_run(rigshare, conversations[::-1], args.at_once,
+                                      args.max_tokens, False))
     for name, results in (("pinned (direct)", pinned), ("Rigshare", routed)):
         ok = [(r, p) for r, p in results if r.ok]
         hits = sum(hit(r, p) for r, p in ok)
@@ -525,6 +533,10 @@ def section_affinity(b: Bench) -> None:
     hit_rate = sum(hit(r, p) for r, p in routed) / max(len(routed), 1)
     ttft_ratio = (pct([r.ttft_s for r, _ in routed if r.ok], 0.5)
                   / pct([r.ttft_s for r, _ in pinned if r.ok], 0.5))
+    record("routing", "affinity, follow-ups that hit", round(hit_rate, 4), "ratio",
+                   better="higher", scales=False)
+    record("routing", "affinity, follow-up TTFT p50 / pinned's", round(ttft_ratio, 3),
+                   "ratio", better="lower", scales=False)
     print(f"  goal 97% of follow-ups hit: {hit_rate:.1%}: "
           f"{'met' if hit_rate >= 0.97 else 'MISSED'}; goal follow-up TTFT p50 within "
           f"1.2x of pinned: {ttft_ratio:.2f}x: {'met' if ttft_ratio <= 1.2 else 'MISSED'}")
@@ -796,6 +808,9 @@ def main() -> int:
     parser.add_argument("--ramp-step-s", type=int, default=10,
                         help="the servers' cold-start ramp step (RIGSHARE_RAMP_STEP_S)")
     parser.add_argument("--churn-keys", type=int, default=2000)
+    parser.add_argument("--at-once", type=int, default=32,
+                        help="section 2's conversations in flight at once (32: past the "
+                             "workers' load bounds, so turns spill)")
     parser.add_argument("--sections", default="1,2,3,4,5,6",
                         type=lambda v: sorted({int(n) for n in v.split(",")}),
                         help="which to run, e.g. 4,5")
