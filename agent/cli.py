@@ -273,12 +273,19 @@ def cmd_run(args, machine) -> int:
         log("Stopped.")
         return 0
     finally:
-        restore()
-        runner.close()
-        if engine is not None and engine.replaced_by is None:
-            engine.stop()
-            _last_heartbeat(platform, node["credential"], args, machine, engine, engine_url,
-                            versions.get())
+        # Whatever stops the agent often signals again at once (Ctrl-C reaches the whole
+        # terminal group, then its script or supervisor sends SIGTERM): the stop goes on to
+        # its end, the engine's first, however many come (only SIGKILL cuts it short).
+        held = _hold_signals()
+        try:
+            runner.close()
+            if engine is not None and engine.replaced_by is None:
+                engine.stop()
+                _last_heartbeat(platform, node["credential"], args, machine, engine,
+                                engine_url, versions.get())
+        finally:
+            held()
+            restore()
 
 
 # Heartbeats come at least this far apart, however fast the engine's state moves.
@@ -430,6 +437,17 @@ def _stop_on_sigterm():
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def _hold_signals():
+    """SIGINT and SIGTERM stop nothing until the undo this returns: the agent is stopping
+    already (the engine says so in the log). Ignored rather than handled: a handler's output
+    could land in the middle of a line being written."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,
+                                                                     signal.SIGTERM)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in previous.items()]
 
 
 # --- facts ----------------------------------------------------------------------------------

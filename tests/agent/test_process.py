@@ -47,3 +47,44 @@ def test_sigterm_stops_the_loop_cleanly(platform, engine, credential_file):
     out, err = process.communicate(timeout=10)
     assert process.returncode == 0, err
     assert "Stopped." in err and "Traceback" not in err
+
+
+# An engine that takes its time to stop, as a real one does (it frees the GPU, flushes its logs).
+SLOW_TO_STOP = ("import signal, sys, time; "
+                "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.5), sys.exit(0))); "
+                "time.sleep(600)")
+
+
+def _running(pid) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError, TypeError):
+        return False
+
+
+def test_a_signal_while_stopping_does_not_leave_the_engine_behind(platform, credential_file,
+                                                                    tmp_path):
+    """Ctrl-C reaches every process of a terminal's group, and whatever runs the agent (a
+    terminal script, systemd, a supervisor of its own) sends SIGTERM soon after: that second
+    signal must not cut the agent's stop short and leave its engine running without it."""
+    state = tmp_path / "engine-state"
+    process = agent_process("run", "--interval", "0.05", "--credential-file", str(credential_file),
+                            "--engine-url", "http://127.0.0.1:9/v1",
+                            "--engine-command", f"{sys.executable} -c {json.dumps(SLOW_TO_STOP)}",
+                            "--state-dir", str(state), "--stop-timeout", "10")
+    deadline = time.monotonic() + 20
+    pid = None
+    while pid is None or not _running(pid):
+        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+        try:
+            pid = json.loads((state / "engine.json").read_text()).get("engine_pid")
+        except (OSError, ValueError):
+            pass
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+        process.send_signal(sig)
+        time.sleep(0.2)
+    out, err = process.communicate(timeout=30)
+    assert not _running(pid), "the agent exited before its engine"
+    assert process.returncode == 0, err
+    assert "Engine stopped." in err and "Traceback" not in err
