@@ -37,6 +37,7 @@ from django.core.handlers.exception import convert_exception_to_response
 from django.http.request import split_domain_port, validate_host
 
 from accounts.secrets import secret_digest, secret_prefix
+from config.client_ip import from_trusted_proxy
 from config.redis import REDIS_ERRORS, async_redis_client
 from marketplace import heartbeat_fast
 from marketplace.serializers import MAX_HEARTBEAT_BYTES
@@ -189,7 +190,8 @@ def _django_would_serve(scope, headers: dict) -> bool:
         return False
     if getattr(settings, "SECURE_SSL_REDIRECT", False) and scope.get("scheme") != "https":
         proxied = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
-        if not proxied:
+        peer = (scope.get("client") or (None,))[0]
+        if not proxied or not from_trusted_proxy(peer):  # config/client_ip.py
             return False
         header = proxied[0].removeprefix("HTTP_").lower().replace("_", "-").encode()
         if headers.get(header, b"").decode("latin-1").split(",")[0].strip() != proxied[1]:

@@ -53,7 +53,9 @@ class Event:
     gateway_ref: str = ""  # the payment as `start` named it
     processor_ref: str = ""  # the processor's own payment id, which refunds and disputes name
     case_ref: str = ""  # the dispute, for DISPUTED and DISPUTE_WON
-    amount_micros: int = 0
+    # What the event says was paid, refunded or disputed. None: it does not say (the test
+    # gateway's own confirmation); a processor's payment always says, and 0 is an amount.
+    amount_micros: int | None = None
 
 
 class PaymentGateway(Protocol):
@@ -124,9 +126,11 @@ class StripeGateway:
         if kind in ("checkout.session.completed", "checkout.session.async_payment_succeeded"):
             if obj.get("payment_status") != "paid":
                 return Event(event["id"], IGNORED)  # an async method: its outcome comes later
+            if not isinstance(obj.get("amount_total"), int):
+                raise GatewayError("a paid session that does not say its amount")
             return Event(event["id"], PAID, gateway_ref=obj["id"],
                          processor_ref=obj.get("payment_intent") or "",
-                         amount_micros=int(obj.get("amount_total") or 0) * MICROS_PER_CENT)
+                         amount_micros=obj["amount_total"] * MICROS_PER_CENT)
         if kind in ("checkout.session.async_payment_failed", "checkout.session.expired"):
             return Event(event["id"], FAILED, gateway_ref=obj["id"])
         if kind == "charge.refunded":
@@ -176,7 +180,7 @@ class TestCardGateway:
         """The cardholder passed the confirmation step: the processor emits its event."""
         return self.event("payment.succeeded", gateway_ref)
 
-    def event(self, kind: str, gateway_ref: str, *, amount_micros: int = 0,
+    def event(self, kind: str, gateway_ref: str, *, amount_micros: int | None = None,
               case_ref: str = "") -> dict:
         """A signed event as this gateway delivers it: {"body": ..., "headers": {...}}."""
         body = json.dumps({"id": "evt_" + secrets.token_hex(8), "type": kind,
@@ -198,7 +202,8 @@ class TestCardGateway:
         ref = event["gateway_ref"]
         return Event(event["id"], self._TYPES.get(event.get("type"), IGNORED), gateway_ref=ref,
                      processor_ref=ref, case_ref=str(event.get("case_ref") or ""),
-                     amount_micros=int(event.get("amount_micros") or 0))
+                     amount_micros=(int(event["amount_micros"])
+                                    if isinstance(event.get("amount_micros"), int) else None))
 
 
 # The SDK's HTTP client: None is its own (requests). Tests put a stand-in for Stripe's servers

@@ -74,17 +74,18 @@ def payment_create(*, user, amount_micros: int, idempotency_key: str, card_numbe
 
 
 @transaction.atomic
-def payment_succeeded(*, gateway_ref: str, processor_ref: str = "", amount_micros: int = 0,
-                      now: datetime | None = None) -> Payment:
+def payment_succeeded(*, gateway_ref: str, processor_ref: str = "",
+                      amount_micros: int | None = None, now: datetime | None = None) -> Payment:
     """The processor says the money is ours: credit the wallet, exactly once per payment. An
-    amount that is not the payment's (a session tampered with) credits nothing."""
+    amount that is not the payment's (a session tampered with, a discount to nothing) credits
+    nothing; None, where the processor does not say (the test gateway's confirmation)."""
     now = now or timezone.now()
     payment = Payment.objects.select_for_update().get(gateway_ref=gateway_ref)
     if payment.status == Payment.Status.SUCCEEDED:
         return payment
     if payment.status == Payment.Status.DECLINED:
         raise BillingError("A declined payment cannot succeed.")
-    if amount_micros and amount_micros != payment.amount_micros:
+    if amount_micros is not None and amount_micros != payment.amount_micros:
         raise BillingError(f"The processor reports {amount_micros} micro-dollars paid for a "
                            f"payment of {payment.amount_micros}.")
     posted = ledger.post(
@@ -127,9 +128,9 @@ def webhook_handle(*, body: bytes, headers) -> Payment | None:
                                    ).update(status=Payment.Status.DECLINED,
                                             decline_reason="The payment did not complete.")
         elif event.type == gw.REFUNDED:
-            _refund(payment, refunded_in_all=event.amount_micros)
+            _refund(payment, refunded_in_all=event.amount_micros or 0)
         elif event.type == gw.DISPUTED:
-            _dispute(payment, case=event.case_ref, amount_micros=event.amount_micros)
+            _dispute(payment, case=event.case_ref, amount_micros=event.amount_micros or 0)
         elif event.type == gw.DISPUTE_WON:
             _dispute_won(payment, case=event.case_ref)
     payment.refresh_from_db()
@@ -146,21 +147,23 @@ def _payment_of(event: gw.Event) -> Payment:
     return payment
 
 
-def _reverse(payment: Payment, amount_micros: int, *, key: str, why: str) -> None:
+def _reverse(payment: Payment, amount_micros: int, *, key: str, why: str) -> bool:
     """Take `amount_micros` of a purchase back: from the payer's wallet as far as it holds it,
     the rest is the platform's loss (chargebacks). The payer's other money is never touched:
-    holds in flight and earnings stay."""
+    holds in flight and earnings stay. False when nothing moved (nothing to take, or `key`
+    was taken back before)."""
     if amount_micros <= 0:
-        return
+        return False
     wallet = ledger.account_id(Account.Kind.WALLET, payment.user_id)
     held = (Account.objects.select_for_update().filter(pk=wallet)
             .values_list("balance_micros", flat=True).first() or 0)
     taken = min(held, amount_micros)
-    ledger.post(kind=Transfer.Kind.REVERSAL, idempotency_key=key,
-                legs=[(ledger.account_id(Account.Kind.PAYMENT_CLEARING), amount_micros),
-                      (wallet, -taken),
-                      (ledger.account_id(Account.Kind.CHARGEBACKS), taken - amount_micros)],
-                reference=f"payment:{payment.pk}", memo=why)
+    return ledger.post(
+        kind=Transfer.Kind.REVERSAL, idempotency_key=key,
+        legs=[(ledger.account_id(Account.Kind.PAYMENT_CLEARING), amount_micros),
+              (wallet, -taken),
+              (ledger.account_id(Account.Kind.CHARGEBACKS), taken - amount_micros)],
+        reference=f"payment:{payment.pk}", memo=why).created
 
 
 def _refund(payment: Payment, *, refunded_in_all: int) -> None:
@@ -179,9 +182,12 @@ def _dispute(payment: Payment, *, case: str, amount_micros: int) -> None:
     if payment.status != Payment.Status.SUCCEEDED:
         return
     amount = min(amount_micros, payment.amount_micros - payment.refunded_micros)
-    _reverse(payment, amount, key=f"dispute:{case}",
-             why=f"dispute of payment {payment.receipt_number}")
-    Payment.objects.filter(pk=payment.pk).update(disputed_micros=F("disputed_micros") + amount)
+    # A case is taken back once, however many events name it (a second event id for the same
+    # dispute, a funds-withdrawn after the created): the figure follows the ledger.
+    if _reverse(payment, amount, key=f"dispute:{case}",
+                why=f"dispute of payment {payment.receipt_number}"):
+        Payment.objects.filter(pk=payment.pk).update(
+            disputed_micros=F("disputed_micros") + amount)
 
 
 def _dispute_won(payment: Payment, *, case: str) -> None:
@@ -190,12 +196,14 @@ def _dispute_won(payment: Payment, *, case: str) -> None:
     if taken is None:
         return
     legs = list(taken.entries.values_list("account_id", "amount_micros"))
-    ledger.post(kind=Transfer.Kind.REVERSAL, idempotency_key=f"dispute-won:{case}",
-                legs=[(account, -amount) for account, amount in legs],
-                reference=f"payment:{payment.pk}",
-                memo=f"dispute of payment {payment.receipt_number} won")
-    clearing = next(amount for account, amount in legs if amount > 0)
-    Payment.objects.filter(pk=payment.pk).update(disputed_micros=F("disputed_micros") - clearing)
+    given_back = ledger.post(kind=Transfer.Kind.REVERSAL, idempotency_key=f"dispute-won:{case}",
+                             legs=[(account, -amount) for account, amount in legs],
+                             reference=f"payment:{payment.pk}",
+                             memo=f"dispute of payment {payment.receipt_number} won")
+    if given_back.created:
+        clearing = next(amount for account, amount in legs if amount > 0)
+        Payment.objects.filter(pk=payment.pk).update(
+            disputed_micros=F("disputed_micros") - clearing)
 
 
 def credits_grant(*, user, amount_micros: int, idempotency_key: str, memo: str = "") -> int:

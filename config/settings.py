@@ -4,6 +4,7 @@ Defaults make `make demo` work with no services (SQLite, local cache, eager Cele
 and production set DATABASE_URL (PostgreSQL) and REDIS_URL (cache and Celery broker).
 """
 
+import ipaddress
 from datetime import timedelta
 from pathlib import Path
 
@@ -54,6 +55,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: what a proxy says of the client (address, HTTPS) is dropped unless a trusted
+    # proxy said it, before anything reads it.
+    "config.client_ip.forwarded_headers_middleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -164,6 +168,16 @@ AXES_LOCKOUT_TEMPLATE = "accounts/locked_out.html"
 # of the site to trust. One definition of the client's address for axes, allauth and the rest
 # (config/client_ip.py).
 RIGSHARE_TRUSTED_PROXIES = env_int("RIGSHARE_TRUSTED_PROXIES", 0, minimum=0)
+# The addresses (networks) the proxy in front of the site connects from: X-Forwarded-For and
+# X-Forwarded-Proto are believed only on a connection from one of them, never from a client
+# that reaches a replica directly. Required in production; elsewhere, unset means any peer.
+RIGSHARE_TRUSTED_PROXY_NETWORKS = tuple(env_list("RIGSHARE_TRUSTED_PROXY_NETWORKS", []))
+for _network in RIGSHARE_TRUSTED_PROXY_NETWORKS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(f"RIGSHARE_TRUSTED_PROXY_NETWORKS: {_network!r} is not an "
+                                   "address or a network (10.0.0.0/8, 2001:db8::/32).") from None
 AXES_CLIENT_IP_CALLABLE = "config.client_ip.client_ip"
 
 # Accounts (django-allauth): log in by email; sign-up logs in at once and sends a verification
@@ -195,7 +209,12 @@ ACCOUNT_REAUTHENTICATION_REQUIRED = True
 # allauth's own limits stay on (kept in the cache): among them, failed log-ins and failed
 # second-factor codes, 5 per 5 minutes per account and 10 a minute per address, so a 6-digit
 # code cannot be guessed. django-axes (above) locks an (email, address) pair out for longer.
-ACCOUNT_RATE_LIMITS: dict = {}
+#
+# Sign-up tells a taken address ("already registered"): it logs in at once, before the address
+# is verified, and one account per address comes first; log-in, password reset and adding an
+# address tell nothing (ACCOUNT_PREVENT_ENUMERATION). So sign-up's own limit per address is
+# tighter than allauth's (20 a minute): probing a list of addresses takes days per client.
+ACCOUNT_RATE_LIMITS: dict = {"signup": "10/m/ip,100/d/ip"}
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes"]
 MFA_TOTP_ISSUER = "Rigshare"
 MFA_RECOVERY_CODE_COUNT = 10
@@ -354,6 +373,17 @@ if RIGSHARE_PRODUCTION:
             (not STRIPE_WEBHOOK_SECRET.startswith("whsec_"),
              "STRIPE_WEBHOOK_SECRET must be the endpoint's signing secret (whsec_...)"),
             (not REDIS_URL, "REDIS_URL must be set (cache, rate limits, Celery)"),
+            # A wildcard lets any Host header through: links built from it (a password reset)
+            # would point wherever a stranger's request said.
+            (not ALLOWED_HOSTS or any("*" in host for host in ALLOWED_HOSTS),
+             "ALLOWED_HOSTS must name the site's hosts (no *)"),
+            (not RIGSHARE_PUBLIC_URL.startswith("https://"),
+             "RIGSHARE_PUBLIC_URL must be the site's https:// address"),
+            (len(RIGSHARE_METRICS_TOKEN) < 32,
+             "RIGSHARE_METRICS_TOKEN must be set (at least 32 characters)"),
+            (not RIGSHARE_TRUSTED_PROXY_NETWORKS,
+             "RIGSHARE_TRUSTED_PROXY_NETWORKS must name the addresses of the proxy that "
+             "terminates TLS"),
             (DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
              "DATABASE_URL must name PostgreSQL"),
             # Verification links, password resets and security notices must reach people.

@@ -54,15 +54,41 @@ def check(url: str, *, allowed_networks: tuple[str, ...] = (), resolve=None) -> 
         ip = ipaddress.ip_address(text.split("%", 1)[0])
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
             ip = ip.ipv4_mapped
-        if not ip.is_global and not any(ip in net for net in networks if
-                                         net.version == ip.version):
-            raise EngineAddressRefused(
-                f"the engine's address {ip} is {_kind(ip)}: Rigshare calls engines only at "
-                "public addresses")
+        for seen in (ip, *_embedded_ipv4(ip)):
+            if not seen.is_global and not any(seen in net for net in networks if
+                                               net.version == seen.version):
+                within = "" if seen is ip else f" (within {ip})"
+                raise EngineAddressRefused(
+                    f"the engine's address {seen}{within} is {_kind(seen)}: Rigshare calls "
+                    "engines only at public addresses")
     chosen = addresses[0].split("%", 1)[0]
     host = f"[{chosen}]" if ":" in chosen else chosen
     netloc = f"{host}:{parts.port}" if parts.port else host
     return Checked(urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", "")), chosen)
+
+
+# IPv6 forms that carry an IPv4 address in their last 32 bits and reach it through a
+# translator on the path: NAT64's well-known and local-use prefixes, and the deprecated
+# IPv4-compatible form (::a.b.c.d).
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def _embedded_ipv4(ip) -> list:
+    """The IPv4 addresses an IPv6 address leads to (NAT64, IPv4-compatible, 6to4, Teredo):
+    each must be public too, or a provider could name 64:ff9b::169.254.169.254 and reach the
+    metadata service through the platform's own NAT64 gateway."""
+    if ip.version != 6:
+        return []
+    found = []
+    low32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if any(ip in net for net in _NAT64) or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
+        found.append(low32)
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found.extend(ip.teredo)
+    return found
 
 
 def _kind(ip) -> str:

@@ -16,7 +16,9 @@ GOOD = {
     "DATABASE_URL": "postgres://rigshare@db.internal:5432/rigshare",
     "REDIS_URL": "redis://cache.internal:6379/0", "ALLOWED_HOSTS": "rigshare.example",
     "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
-    "EMAIL_HOST": "smtp.rigshare.example",
+    "EMAIL_HOST": "smtp.rigshare.example", "RIGSHARE_PUBLIC_URL": "https://rigshare.example",
+    "RIGSHARE_METRICS_TOKEN": "m3trics-" + "0123456789abcdefghijklmnopqrstuv",
+    "RIGSHARE_TRUSTED_PROXY_NETWORKS": "10.0.0.0/16",
 }
 
 
@@ -50,6 +52,15 @@ def test_production_starts_when_set_up():
     ({"DATABASE_URL": "sqlite:///tmp/x.sqlite3"}, "PostgreSQL"),
     ({"EMAIL_BACKEND": ""}, "EMAIL_BACKEND must send mail"),
     ({"EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend"}, "EMAIL_BACKEND"),
+    ({"ALLOWED_HOSTS": "*"}, "ALLOWED_HOSTS must name the site's hosts"),
+    ({"ALLOWED_HOSTS": "rigshare.example,*"}, "ALLOWED_HOSTS must name the site's hosts"),
+    ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS must name the site's hosts"),
+    ({"RIGSHARE_PUBLIC_URL": ""}, "RIGSHARE_PUBLIC_URL must be"),
+    ({"RIGSHARE_PUBLIC_URL": "http://rigshare.example"}, "RIGSHARE_PUBLIC_URL must be"),
+    ({"RIGSHARE_METRICS_TOKEN": ""}, "RIGSHARE_METRICS_TOKEN must be set"),
+    ({"RIGSHARE_METRICS_TOKEN": "short"}, "RIGSHARE_METRICS_TOKEN must be set"),
+    ({"RIGSHARE_TRUSTED_PROXY_NETWORKS": ""}, "RIGSHARE_TRUSTED_PROXY_NETWORKS must name"),
+    ({"RIGSHARE_TRUSTED_PROXY_NETWORKS": "10.0.0.0/33"}, "is not an address or a network"),
 ])
 def test_production_refuses_to_start_without_what_it_needs(change, refusal):
     refused = django_in(GOOD | change)

@@ -25,6 +25,20 @@ def test_signup_logs_in_sends_the_verification_link_and_refuses_duplicates(clien
     assert User.objects.count() == 1 and len(mailoutbox) == 1
 
 
+def test_probing_sign_up_for_taken_addresses_is_slowed_per_client(client):
+    """Sign-up says an address is taken (the test above says why): one client can ask a few
+    times a minute and a hundred times a day, not the thousands a list of addresses needs."""
+    User.objects.create_user("dana@example.com", "a-long-passphrase-9")
+    cache.clear()
+    probe = {"email": "dana@example.com", "password1": "x-long-passphrase-1",
+             "password2": "x-long-passphrase-1"}
+    answers = [client.post("/accounts/signup/", probe, REMOTE_ADDR="198.51.100.7").status_code
+               for _ in range(11)]
+    assert answers[:10] == [200] * 10 and answers[10] == 429
+    # Another client is not slowed by it.
+    assert client.post("/accounts/signup/", probe, REMOTE_ADDR="198.51.100.8").status_code == 200
+
+
 def test_signup_form_errors_are_shown(client):
     html = client.post("/accounts/signup/", {"email": "nope", "password1": "x",
                                              "password2": "y"}).content.decode()

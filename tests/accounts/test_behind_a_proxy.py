@@ -23,7 +23,7 @@ from tests.deployment import Deployment, free_port, wait_for_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-ATTACKER, HONEST = "127.0.0.2", "127.0.0.3"
+ATTACKER, HONEST, DIRECT = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 
 
 @contextmanager
@@ -92,15 +92,22 @@ def test_limits_and_lockouts_count_each_client_behind_the_proxy(pg_gate, redis_s
     deployment = Deployment(database=connection.settings_dict["NAME"], gate=pg_gate,
                             redis_url=redis_server.url, directory=tmp_path,
                             env={"RIGSHARE_TRUSTED_PROXIES": "1",
+                                 "RIGSHARE_TRUSTED_PROXY_NETWORKS": "127.0.0.1/32",
                                  "FORWARDED_ALLOW_IPS": "192.0.2.1"}).start()
     try:
         with nginx_in_front(deployment.port, tmp_path) as site, \
-                browser(site, ATTACKER) as attacker, browser(site, HONEST) as user:
+                browser(site, ATTACKER) as attacker, browser(site, HONEST) as user, \
+                browser(f"http://127.0.0.1:{deployment.port}", DIRECT) as direct:
             # One client spends the log-in limit of its address (allauth: 10 failures a
             # minute), forging the header its proxy would write, to pass for someone else.
             answers = [log_in(attacker, f"guess{i}@example.com", "wrong",
                               **{"x-forwarded-for": HONEST}).text for i in range(12)]
             assert "Too many failed login attempts" not in answers[0]
+            assert "Too many failed login attempts" in answers[-1]
+            # Another reaches a replica directly, past the proxy, and writes the header as the
+            # proxy would: it is not the proxy, so nothing it says of the client is believed.
+            answers = [log_in(direct, f"guess{i}@example.com", "wrong",
+                              **{"x-forwarded-for": HONEST}).text for i in range(12)]
             assert "Too many failed login attempts" in answers[-1]
             # Another client, behind the same proxy, is not limited by it.
             answer = log_in(user, honest.email, PASSWORD)
@@ -109,6 +116,6 @@ def test_limits_and_lockouts_count_each_client_behind_the_proxy(pg_gate, redis_s
     finally:
         deployment.stop()
     # django-axes counted the failures against the attacker's address, the forged one ignored.
-    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {ATTACKER}
+    assert set(AccessAttempt.objects.values_list("ip_address", flat=True)) == {ATTACKER, DIRECT}
     # The log-in's device (what security emails name) is at the honest client's address.
     assert list(LoginDevice.objects.filter(user=honest).values_list("ip", flat=True)) == [HONEST]

@@ -154,6 +154,19 @@ def test_a_session_paid_for_another_amount_credits_nothing(client, alice, server
     assert wallet(alice) == 0
 
 
+def test_a_session_paid_for_nothing_credits_nothing(client, alice, servers):
+    """A session brought to 0 (a 100% coupon on it) still says what was paid: 0 is an amount."""
+    payment = checkout(client, alice)
+    assert deliver(client, *completed(payment, cents=0)).status_code == 409
+    body, signature = signed("checkout.session.completed", {
+        "id": payment.gateway_ref, "object": "checkout.session", "payment_status": "paid",
+        "currency": "usd", "payment_intent": "pi_test_1"}, event_id="evt_no_amount")
+    assert deliver(client, body, signature).status_code == 400
+    assert wallet(alice) == 0
+    payment.refresh_from_db()
+    assert payment.status != Payment.Status.SUCCEEDED
+
+
 def test_refunds_take_the_credit_back_through_the_ledger(client, alice, servers):
     payment = checkout(client, alice)
     deliver(client, *completed(payment))
@@ -204,6 +217,25 @@ def test_a_dispute_takes_the_credit_back_and_a_won_dispute_gives_it_back(client,
     assert wallet(alice) == 25 * USD
     payment.refresh_from_db()
     assert payment.disputed_micros == 0
+    ledger_is_balanced()
+
+
+def test_events_that_name_the_same_dispute_again_count_it_once(client, alice, servers):
+    """Stripe sends more than one event per dispute (created, funds withdrawn, updated), each
+    with its own id: the case is taken back, and counted, once; and given back once."""
+    payment = checkout(client, alice)
+    deliver(client, *completed(payment))
+    dispute = {"id": "dp_3", "object": "dispute", "payment_intent": "pi_test_1",
+               "currency": "usd", "amount": 1000, "status": "needs_response"}
+    for event_id in ("evt_d5", "evt_d6", "evt_d7"):
+        deliver(client, *signed("charge.dispute.created", dispute, event_id=event_id))
+    payment.refresh_from_db()
+    assert payment.disputed_micros == 10 * USD and wallet(alice) == 15 * USD
+    for event_id in ("evt_d8", "evt_d9"):
+        deliver(client, *signed("charge.dispute.closed", dispute | {"status": "won"},
+                                event_id=event_id))
+    payment.refresh_from_db()
+    assert payment.disputed_micros == 0 and wallet(alice) == 25 * USD
     ledger_is_balanced()
 
 

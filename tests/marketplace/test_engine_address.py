@@ -31,10 +31,23 @@ def resolver(*addresses):
     ("http://0.0.0.0:8000", "unspecified"),
     ("http://[::ffff:127.0.0.1]:8000", "loopback"),
     ("http://100.64.1.2:8000", "not a public address"),  # carrier-grade NAT
+    # IPv6 forms that lead to an IPv4 address through a translator on the path.
+    ("http://[64:ff9b::169.254.169.254]:80", "169.254.169.254 .*link-local"),  # NAT64
+    ("http://[64:ff9b::10.0.0.5]:8000", "private"),
+    ("http://[64:ff9b:1::a00:5]:8000", "private"),  # NAT64, local-use prefix
+    ("http://[2002:a00:5::1]:8000", "10.0.0.5 .*private"),  # 6to4
+    ("http://[2002:7f00:1::]:8000", "loopback"),
+    ("http://[::127.0.0.1]:8000", "loopback"),  # IPv4-compatible
+    ("http://[::169.254.169.254]:8000", "link-local"),
 ])
 def test_addresses_that_are_not_public_are_refused(url, kind):
     with pytest.raises(EngineAddressRefused, match=kind):
         check(url)
+
+
+def test_a_translated_ipv6_address_to_a_public_ipv4_one_is_public():
+    for address in ("64:ff9b::5db8:d70e", "2002:5db8:d70e::1"):  # 93.184.215.14
+        assert check(f"http://[{address}]:8000").address == address
 
 
 def test_a_name_is_judged_by_every_address_it_resolves_to():
