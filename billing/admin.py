@@ -289,7 +289,8 @@ class GatewayEventAdmin(ReadOnlyAdmin):
 @admin.register(Payout)
 class PayoutAdmin(ReadOnlyAdmin):
     list_display = ("id", "provider", _usd_column("amount_micros", "amount"), "destination",
-                    "status", "requested_at", "decided_at", "decided_by")
+                    "status", "requested_at", "held_until", "held_because", "decided_at",
+                    "decided_by")
     list_filter = ("status",)
     search_fields = ("provider__email",)
     list_select_related = ("provider", "decided_by")

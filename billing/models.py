@@ -321,6 +321,9 @@ class Payout(models.Model):
     # Where to send it, as it was when the payout was requested: a later change of the
     # destination does not redirect a payout already asked for.
     destination = models.CharField(max_length=300, blank=True)
+    # Cooling-off (billing/payout_holds.py): not to be paid before this, and why.
+    held_until = models.DateTimeField(null=True, blank=True)
+    held_because = models.CharField(max_length=200, blank=True)
 
     class Meta:
         ordering = ["-requested_at"]

@@ -16,7 +16,7 @@ from stdnum import iban as stdnum_iban
 
 from accounts import security
 from billing import gateway as gw
-from billing import keys, ledger, pricing
+from billing import keys, ledger, payout_holds, pricing
 from billing.gateway import GatewayError, get_gateway
 from billing.models import (
     Account,
@@ -317,11 +317,17 @@ def payout_destination_set(*, provider, method: str, holder_name: str, iban: str
         destination, _ = PayoutDestination.objects.update_or_create(provider=provider,
                                                                     defaults=fields)
         security.security_email_on_commit(
-            provider, "payout_destination", {"destination": destination.masked()})
+            provider, "payout_destination", {
+                "destination": destination.masked(),
+                "hold_hours": settings.RIGSHARE_PAYOUT_HOLD_AFTER_DESTINATION_H})
     return destination
 
 
-def payout_request(*, provider, amount_micros: int) -> Payout:
+def payout_request(*, provider, amount_micros: int, now: datetime | None = None) -> Payout:
+    """A payout of the provider's earnings, for an operator to pay: no more than the earnings
+    not yet requested and not paid from card credit that can still be disputed; held before
+    it can be paid after a change that a thief would make first (billing/payout_holds.py)."""
+    now = now or timezone.now()
     security.require_strong_account(provider, "request a payout")
     destination = PayoutDestination.objects.filter(provider=provider).first()
     if destination is None:
@@ -335,13 +341,26 @@ def payout_request(*, provider, amount_micros: int) -> Payout:
             pk=ledger.account_id(Account.Kind.EARNINGS, provider.pk))
         pending = sum(Payout.objects.filter(provider=provider, status=Payout.Status.REQUESTED)
                       .values_list("amount_micros", flat=True))
-        if amount_micros + pending > ledger.balance(Account.Kind.EARNINGS, provider.pk):
+        earnings = ledger.balance(Account.Kind.EARNINGS, provider.pk)
+        if amount_micros + pending > earnings:
             raise BillingError("You cannot request more than your unpaid earnings.")
+        card = payout_holds.card_credit_held(provider.pk, now=now)
+        if amount_micros + pending > earnings - card.amount_micros:
+            raise BillingError(
+                f"{pricing.format_usd(card.amount_micros)} of your earnings were paid from card "
+                f"credit less than {settings.RIGSHARE_CARD_DISPUTE_WINDOW_DAYS} days old, which "
+                f"its cardholder can still dispute: you can request up to "
+                f"{pricing.format_usd(max(earnings - card.amount_micros - pending, 0))} now; "
+                f"more from {card.next_release:%Y-%m-%d}.")
+        wait = payout_holds.payout_wait(provider, now=now)
         payout = Payout.objects.create(provider=provider, amount_micros=amount_micros,
-                                       destination=destination.full())
+                                       destination=destination.full(), requested_at=now,
+                                       held_until=wait.until, held_because=wait.because)
         security.security_email_on_commit(
-            provider, "payout_requested", {"amount": pricing.format_usd(amount_micros),
-                                           "destination": destination.masked()})
+            provider, "payout_requested", {
+                "amount": pricing.format_usd(amount_micros), "destination": destination.masked(),
+                "held_until": f"{wait.until:%Y-%m-%d %H:%M}" if wait.until else "",
+                "held_because": wait.because})
         return payout
 
 
@@ -352,6 +371,9 @@ def payout_decide(*, payout_id: int, operator, approve: bool,
         payout = Payout.objects.select_for_update().get(pk=payout_id)
         if payout.status != Payout.Status.REQUESTED:
             return payout
+        if approve and payout.held_until is not None and now < payout.held_until:
+            raise BillingError(f"Held until {payout.held_until:%Y-%m-%d %H:%M} UTC: "
+                               f"{payout.held_because}.")
         if approve:
             try:
                 posted = ledger.post(

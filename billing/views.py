@@ -15,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts import security
-from billing import charts, keys, metering, selectors, services
+from billing import charts, keys, metering, payout_holds, selectors, services
 from billing.forms import ApiKeyForm, PayoutDestinationForm, PayoutRequestForm, TopUpForm
 from billing.gateway import (
     DECLINES,
@@ -290,10 +290,13 @@ def payouts(request):
             return redirect("billing:payouts")
     earnings = selectors.user_balances(request.user.pk)[Account.Kind.EARNINGS]
     pending = selectors.pending_payouts_micros(request.user.pk)
+    card = payout_holds.card_credit_held(request.user.pk)
     return render(request, "billing/payouts.html", {
         "destination": PayoutDestination.objects.filter(provider=request.user).first(),
         "form": form, "earnings_micros": earnings, "pending_micros": pending,
-        "available_micros": max(earnings - pending, 0),
+        "card_hold": card, "wait": payout_holds.payout_wait(request.user),
+        "dispute_window_days": settings.RIGSHARE_CARD_DISPUTE_WINDOW_DAYS,
+        "available_micros": max(earnings - pending - card.amount_micros, 0),
         "min_payout_micros": settings.RIGSHARE_MIN_PAYOUT_MICROS,
         "payouts": selectors.payouts_of(request.user.pk)[:100],
         "account_problem": security.strong_account_problem(request.user, "request a payout"),

@@ -312,6 +312,16 @@ if RIGSHARE_PLATFORM_FEE_BPS > 10_000:
 RIGSHARE_USAGE_SPOOL_DIR = env_str("RIGSHARE_USAGE_SPOOL_DIR",
                                    str(BASE_DIR / "var" / "spool" / "usage"))
 RIGSHARE_MIN_PAYOUT_MICROS = env_int("RIGSHARE_MIN_PAYOUT_MICROS", 10_000_000, minimum=1)
+# Cooling-off before money leaves (billing/payout_holds.py): a payout requested within these
+# hours of the payout destination changing or two-factor turning on, and an account's first
+# payout, wait this long before an operator can pay them; earnings paid from card credit
+# younger than the card networks' dispute window cannot be requested until it passes.
+RIGSHARE_PAYOUT_HOLD_AFTER_DESTINATION_H = env_int("RIGSHARE_PAYOUT_HOLD_AFTER_DESTINATION_H",
+                                                   72, minimum=0)
+RIGSHARE_PAYOUT_HOLD_AFTER_TWO_FACTOR_H = env_int("RIGSHARE_PAYOUT_HOLD_AFTER_TWO_FACTOR_H", 72,
+                                                  minimum=0)
+RIGSHARE_PAYOUT_HOLD_FIRST_H = env_int("RIGSHARE_PAYOUT_HOLD_FIRST_H", 168, minimum=0)
+RIGSHARE_CARD_DISPUTE_WINDOW_DAYS = env_int("RIGSHARE_CARD_DISPUTE_WINDOW_DAYS", 120, minimum=0)
 # An API key that may spend more than this a month (a daily limit counts 31 times, a weekly one
 # 5), or without a limit, needs a verified email and two-factor: a stolen session cannot make
 # itself a key that drains the balance by naming a huge limit.

@@ -89,6 +89,18 @@ def _recent_proof(request, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _no_payout_holds(request, settings):
+    """Payouts are not held (billing/payout_holds.py: the cooling-off after a change of
+    destination or two-factor, an account's first payout, earnings from young card credit),
+    except in tests marked `payout_holds`, which test the holds."""
+    if "payout_holds" not in request.keywords:
+        settings.RIGSHARE_PAYOUT_HOLD_AFTER_DESTINATION_H = 0
+        settings.RIGSHARE_PAYOUT_HOLD_AFTER_TWO_FACTOR_H = 0
+        settings.RIGSHARE_PAYOUT_HOLD_FIRST_H = 0
+        settings.RIGSHARE_CARD_DISPUTE_WINDOW_DAYS = 0
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
     # PBKDF2's cost is the point in production and pure waiting in tests.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
