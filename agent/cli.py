@@ -11,7 +11,16 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agent import __version__, client, engine_versions, hardware, probe_jobs, probes, supervisor
+from agent import (
+    __version__,
+    client,
+    engine_tls,
+    engine_versions,
+    hardware,
+    probe_jobs,
+    probes,
+    supervisor,
+)
 from agent.credential import (
     DEFAULT_CREDENTIAL_FILE,
     CredentialError,
@@ -209,8 +218,12 @@ def cmd_run(args, machine) -> int:
     # request in flight when the supervisor drains an engine that says nothing of its requests.
     no_keepalive = httpx.Limits(max_keepalive_connections=0)
     try:
-        with httpx.Client() as platform_http, httpx.Client(limits=no_keepalive) as engine_http:
+        # The engine's certificate is reported, not checked here (agent/engine_tls.py).
+        with httpx.Client() as platform_http, \
+                httpx.Client(limits=no_keepalive, verify=False) as engine_http:
             while True:
+                if engine is not None:  # https:// once it runs with the agent's certificate
+                    engine_url = engine.engine_url
                 facts, notice = machine.facts()
                 if notice and not notice_shown:  # once per run, not once per heartbeat
                     log(notice)
@@ -317,7 +330,22 @@ def _engine_report(http, engine_url, args, engine, state_dir: Path) -> dict:
         in_use = supervisor.key_fingerprint(key) if report["reachable"] else None
     report["key_held"] = supervisor.key_fingerprint(supervisor.read_engine_key(state_dir))
     report["key_fingerprint"] = in_use
+    report["tls_certificate"] = _presented_certificate(engine_url)
     return report
+
+
+_certificates: dict[str, tuple[float, str | None]] = {}
+CERTIFICATE_RECHECK_S = 60.0
+
+
+def _presented_certificate(engine_url: str) -> str | None:
+    """The engine's certificate, read again once a minute (a handshake each heartbeat would
+    cost the engine for nothing: it changes when the engine restarts with another)."""
+    now = time.monotonic()
+    found = _certificates.get(engine_url)
+    if found is None or now - found[0] > CERTIFICATE_RECHECK_S or found[1] is None:
+        found = _certificates[engine_url] = (now, engine_tls.presented_certificate(engine_url))
+    return found[1]
 
 
 def _engine_versions(versions: engine_versions.Reader, engine, body: dict) -> dict:

@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agent import model_files
+from agent import engine_tls, model_files
 
 STARTING, LOADING, READY, DRAINING, CRASHED, STOPPED = (
     "starting", "loading", "ready", "draining", "crashed", "stopped")
@@ -380,8 +380,8 @@ class Supervisor:
         if (command is None) == (serve is None):
             raise ValueError("give the provider's command or the model to serve, not both")
         self.state_dir = Path(state_dir)
-        self.engine_url = engine_url.rstrip("/")
-        self.port = urlsplit(self.engine_url).port
+        self._engine_url = engine_url.rstrip("/")
+        self.port = urlsplit(self._engine_url).port
         self.command = tuple(command) if command is not None else None
         self.serve = serve
         self.quantization = quantization
@@ -405,6 +405,7 @@ class Supervisor:
         self._restart_seen: int | None = None
         self._restart_wanted = False
         self._running: _Running | None = None
+        self._tls = False  # the latest engine started serves HTTPS with the agent's certificate
         self._link: _KeeperLink | None = None
         self._keeper: subprocess.Popen | None = None
         self._pgid: int | None = None
@@ -417,8 +418,17 @@ class Supervisor:
         self._started = False  # an engine was started or taken over: the next is a restart
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S,
+        # Its own engine, on this machine: over TLS, the certificate is the agent's own to
+        # report (engine_tls.py), not one to check here.
+        self._http = httpx.Client(timeout=HTTP_TIMEOUT_S, verify=False,
                                   limits=httpx.Limits(max_keepalive_connections=0))
+
+    @property
+    def engine_url(self) -> str:
+        """Where the engine answers: https:// once it was started with the agent's certificate,
+        and still while the agent starts the next one (a restart, the yardstick): the address
+        the platform calls must not flap to plain HTTP between two engines."""
+        return engine_tls.https(self._engine_url) if self._tls else self._engine_url
 
     # --- paths ---
 
@@ -498,6 +508,7 @@ class Supervisor:
                 "log_tail": tail,
                 "error": status.error[:256] if status.error else None,
                 "restart_seen": self._restart_seen or 0,
+                "tls": True,  # it puts its certificate where the command asks (engine_tls)
                 "yardstick": ({"run": running.yardstick, "version": running.version}
                               if running and running.yardstick else None),
             }
@@ -585,7 +596,8 @@ class Supervisor:
         return "the platform cannot configure the engine: " + " ".join(map(str, problems))
 
     def _argv_for(self, launch: Launch) -> list[str]:
-        argv = argv_with_key(launch.argv, read_engine_key(self.state_dir))
+        argv = engine_tls.argv_with_tls(argv_with_key(launch.argv, read_engine_key(self.state_dir)),
+                                        self.state_dir)
         if launch.yardstick is not None:
             return self.engine_argv(argv) if self.engine_argv else argv
         return with_model_file(argv, self.model_file) if launch.mode == "platform" else argv
@@ -771,6 +783,8 @@ class Supervisor:
                                      pid=status.get("engine_pid"),
                                      key_fingerprint=meta.get("key_fingerprint"),
                                      yardstick=meta.get("yardstick"))
+            cert = str(engine_tls.cert_path(self.state_dir))
+            self._tls = any(cert in arg for arg in self._running.argv)
         self._metrics_known = None
         for event in others:
             if event.get("event") == "exited":

@@ -73,12 +73,14 @@ from django.test.utils import setup_databases, teardown_databases  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from accounts.models import User  # noqa: E402
+from agent import engine_tls as agent_tls  # noqa: E402
 from bench import procfs  # noqa: E402
 from billing.keys import api_key_create  # noqa: E402
 from billing.models import Charge, ModelPrice  # noqa: E402
 from billing.selectors import ledger_problems  # noqa: E402
 from billing.services import credits_grant  # noqa: E402
 from fleetsim.profiles import get_profile  # noqa: E402
+from marketplace import engine_tls  # noqa: E402
 from marketplace.models import Card, Node  # noqa: E402
 from routing.models import Deployment, EngineModel, Model  # noqa: E402
 from verification.models import VerificationRun, VerifiedCapacity  # noqa: E402
@@ -126,11 +128,12 @@ class Stream:
     error: str = ""
 
 
-async def stream_once(client: httpx.AsyncClient, url: str, body: bytes, headers: dict
-                      ) -> Stream:
+async def stream_once(client: httpx.AsyncClient, url: str, body: bytes, headers: dict,
+                      extensions: dict | None = None) -> Stream:
     out = Stream(started=time.perf_counter())
     try:
-        async with client.stream("POST", url, content=body, headers=headers) as resp:
+        async with client.stream("POST", url, content=body, headers=headers,
+                                 extensions=extensions) as resp:
             if resp.status_code != 200:
                 out.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 return out
@@ -164,9 +167,12 @@ async def stream_once(client: httpx.AsyncClient, url: str, body: bytes, headers:
 class Route:
     """One way to the engine: the chat completions URL, the model name, the headers."""
 
-    def __init__(self, name: str, base: str, model: str, max_tokens: int, token: str = ""):
+    def __init__(self, name: str, base: str, model: str, max_tokens: int, token: str = "",
+                 certificate: str = ""):
         self.name, self.model, self.max_tokens = name, model, max_tokens
         self.url = base + "/v1/chat/completions"
+        # An engine over TLS, called directly: pinned to its certificate, as the proxy pins it.
+        self.extensions = engine_tls.extensions(certificate)
         self.headers = {"content-type": "application/json", "accept": "text/event-stream"}
         if token:
             self.headers["authorization"] = f"Bearer {token}"
@@ -225,7 +231,7 @@ async def run_phase(client: httpx.AsyncClient, route: Route, load: Load,
         sent = 0
         while time.perf_counter() < until if load.measure_s else sent < load.requests_each:
             phase.streams.append(await stream_once(client, route.url, route.body(),
-                                                   route.headers))
+                                                   route.headers, route.extensions))
             sent += 1
 
     before = watch.sample() if watch else None
@@ -303,13 +309,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
+def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float = 60,
+              verify=True) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"{what} exited with {proc.returncode} before answering {url}")
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -330,9 +337,10 @@ def bench_redis_url(db: int) -> str:
     return urlunparse(parsed._replace(path=f"/{db}"))
 
 
-def make_rows(engine_url: str) -> str:
-    """The model, its price and mapping, a provider's verified node serving it, and a funded
-    consumer; returns the consumer's API key."""
+def make_rows(engine_url: str, certificate: str = "") -> str:
+    """The model, its price and mapping, a provider's verified node serving it (over TLS
+    pinned to `certificate` where given), and a funded consumer; returns the consumer's API
+    key."""
     profile = get_profile(PROFILE)
     model = Model.objects.create(name=MODEL, context_length=32_768)
     ModelPrice.objects.create(model=MODEL, input_micros_per_mtok=200_000,
@@ -340,7 +348,7 @@ def make_rows(engine_url: str) -> str:
                               effective_at=timezone.now() - timedelta(days=1))
     EngineModel.objects.create(engine_model_id=profile.model, model=model)
     provider = User.objects.create_user("provider@bench.test", None)
-    verified_deployment(provider, PROFILE, engine_url)
+    verified_deployment(provider, PROFILE, engine_url, certificate=certificate)
     consumer = User.objects.create_user("consumer@bench.test", None)
     credits_grant(user=consumer, amount_micros=10**12, idempotency_key="bench-proxy:grant")
     _, token = api_key_create(user=consumer, name="bench", by_operator=True)  # no spend or rate limits
@@ -348,7 +356,7 @@ def make_rows(engine_url: str) -> str:
 
 
 def verified_deployment(provider, key: str, engine_url: str,
-                        since: datetime | None = None) -> Deployment:
+                        since: datetime | None = None, certificate: str = "") -> Deployment:
     """A provider's online node running the profile's engine at `engine_url`, every card
     verified at the profile's capacity at 32 concurrent, in traffic since `since` (now)."""
     profile = get_profile(key)
@@ -358,7 +366,10 @@ def verified_deployment(provider, key: str, engine_url: str,
                                credential_digest="0" * 64, status=Node.Status.ONLINE,
                                status_changed_at=since, last_heartbeat_at=timezone.now(),
                                engine_url=engine_url, engine_connect_url=engine_url,
-                               engine_reachable=True, simulated=True)
+                               engine_reachable=True, simulated=True,
+                               engine_tls_certificate=certificate,
+                               engine_tls_fingerprint=(engine_tls.fingerprint(certificate)
+                                                       if certificate else ""))
     run = VerificationRun.objects.create(node=node, trigger="enrolment", status="done",
                                          model=profile.model)
     for i in range(profile.gpu_count):
@@ -487,10 +498,13 @@ def report(loads: list[Load], results: dict, idle: dict, cores: int, peer: str =
           "client and the engine compete with the proxy for CPU.")
 
 
+RECORDED_AS = ""  # ", engine over TLS" with --engine-tls: figures of their own
+
+
 def results_record(figure: str, value: float, unit: str, **kw) -> None:
     from bench import results
 
-    results.record("proxy", figure, round(value, 3), unit, **kw)
+    results.record("proxy", figure + RECORDED_AS, round(value, 3), unit, **kw)
 
 
 # --- the run ---
@@ -637,6 +651,9 @@ def main() -> int:
                         help="also run the loads through this router in front of the same "
                              "engine, for its CPU per request (default vllm-router, "
                              "cache_aware; installed on first use, see bench/peers.py)")
+    parser.add_argument("--engine-tls", action="store_true",
+                        help="the engine serves HTTPS (a certificate made as an agent makes "
+                             "it), called directly and by the proxy pinned to it; no peer")
     parser.add_argument("--profile-out", metavar="PATH",
                         help="with --profile, keep the cProfile stats file here (pstats)")
     args = parser.parse_args()
@@ -661,16 +678,24 @@ def main() -> int:
     stack = contextlib.ExitStack()  # the peer router, while it runs
     try:
         engine_port, proxy_port = free_port(), free_port()
-        engine_url = f"http://127.0.0.1:{engine_port}"
+        engine_url = f"http{'s' if args.engine_tls else ''}://127.0.0.1:{engine_port}"
         proxy_url = f"http://127.0.0.1:{proxy_port}"
-        token = make_rows(engine_url)
+        tls_flags, certificate = [], ""
+        if args.engine_tls:
+            key_file, cert_file = agent_tls.ensure_certificate(workdir / "engine-tls")
+            tls_flags = ["--ssl-keyfile", str(key_file), "--ssl-certfile", str(cert_file)]
+            certificate = cert_file.read_text()
+            args.peer = "none"  # vllm-router would not know the engine's certificate
+            global RECORDED_AS
+            RECORDED_AS = ", engine over TLS"
+        token = make_rows(engine_url, certificate)
         redis_url = bench_redis_url(args.redis_db)
         env = {**os.environ, "DATABASE_URL": bench_database_url(db_name),
                "REDIS_URL": redis_url, "DEBUG": "0", "LOG_LEVEL": "WARNING",
                "PYTHONWARNINGS": "ignore:No directory at"}  # WhiteNoise, as above
         engine = start([sys.executable, "-m", "fleetsim", "serve", "--profile", PROFILE,
-                        "--port", str(engine_port), "--time-scale", str(args.time_scale)],
-                       env, workdir / "engine.log")
+                        "--port", str(engine_port), "--time-scale", str(args.time_scale),
+                        *tls_flags], env, workdir / "engine.log")
         stats_path = workdir / "proxy.prof"
         if args.profile:
             cmd = [sys.executable, "-c", _PROFILED, str(proxy_port), str(stats_path)]
@@ -679,11 +704,13 @@ def main() -> int:
                    "127.0.0.1", "--port", str(proxy_port), "--log-level", "warning",
                    "--no-access-log"]
         rigshare = start(cmd, env, workdir / "proxy.log")
-        wait_http(engine_url + "/health", engine, "the engine")
+        wait_http(engine_url + "/health", engine, "the engine", verify=engine_tls.verify_for(
+            engine_url, certificate))
         wait_http(proxy_url + "/healthz", rigshare, "the proxy")
         connection.close()
 
-        direct = Route("direct", engine_url, profile.model, args.max_tokens)
+        direct = Route("direct", engine_url, profile.model, args.max_tokens,
+                       certificate=certificate)
         proxied = Route("proxied", proxy_url, MODEL, args.max_tokens, token)
         scale = args.time_scale
         print(f"proxy benchmark: fleetsim {PROFILE} ({profile.engine}, time scale {scale:g}: "

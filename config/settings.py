@@ -335,6 +335,9 @@ RIGSHARE_PAYMENT_WEBHOOK_SECRET = env_str("RIGSHARE_PAYMENT_WEBHOOK_SECRET",
 STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY", "")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET", "")
 
+# Shared /v1 traffic only to engines the platform reaches over TLS, pinned to the certificate
+# their agent reports (marketplace/engine_tls.py): renters' prompts cross the internet.
+RIGSHARE_ENGINE_TLS_REQUIRED = env_bool("RIGSHARE_ENGINE_TLS_REQUIRED", RIGSHARE_PRODUCTION)
 # Networks where the platform may call a provider's engine although they are not public
 # (marketplace/engine_address.py). Outside production, loopback: the demo's and the tests'
 # engines run on this machine. In production none unless an operator names one.

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override the profile's number of concurrently running requests")
     serve.add_argument("--api-key", help="answer /v1 requests only with this key (as vLLM's "
                        "--api-key)")
+    serve.add_argument("--ssl-keyfile", help="serve HTTPS with this key (as vLLM's)")
+    serve.add_argument("--ssl-certfile", help="and this certificate")
     serve.add_argument("--enable-prompt-tokens-details", action="store_true",
                        help="as vLLM's flag: usage says how many prompt tokens were cached")
     other = serve.add_argument_group(
@@ -153,7 +155,8 @@ def cmd_serve(args) -> int:
                        api_key=args.api_key or None)
     print(f"fleetsim: {profile.title} serving {profile.model} at http://{args.host}:{args.port} "
           f"(time scale {args.time_scale:g})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="off",
+                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     return 0
 
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import uvicorn
 
+from agent.engine_tls import TLS_CERT, TLS_KEY
 from agent.supervisor import KEY_PLACEHOLDER
 from fleetsim.profiles import Profile, get_profile, machine_ids
 from fleetsim.server import EngineServer
@@ -50,6 +51,8 @@ class Machine:
     own_engine: bool = False  # the agent runs the engine as its child
     # Its engine answers only with the engine key the platform hands its agent (--api-key).
     engine_key: bool = False
+    # Its engine serves HTTPS with the certificate its agent makes and reports (engine_tls).
+    engine_tls: bool = False
 
     @property
     def engine_url(self) -> str:
@@ -189,7 +192,9 @@ def agent_run_args(machine: Machine, time_scale: float = 1.0) -> list[str]:
         args += ["--engine-command", shlex.join([
             sys.executable, "-m", "fleetsim", "serve", "--profile", machine.profile.key,
             "--port", str(machine.port), "--time-scale", f"{time_scale:g}",
-            *(["--api-key", KEY_PLACEHOLDER] if machine.engine_key else [])]),
+            *(["--api-key", KEY_PLACEHOLDER] if machine.engine_key else []),
+            *(["--ssl-keyfile", TLS_KEY, "--ssl-certfile", TLS_CERT]
+              if machine.engine_tls else [])]),
             "--state-dir", str(machine.credential_file.with_suffix(".engine")),
             "--stop-timeout", f"{ENGINE_STOP_TIMEOUT_S:g}"]
     return args

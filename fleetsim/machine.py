@@ -79,7 +79,9 @@ def engine_running(engine_url: str | None) -> int:
 _VALUE_FLAGS = {"--quantization": "--quantization", "--tensor-parallel-size": "--tensor-parallel-size",
                 "-tp": "--tensor-parallel-size", "--max-model-len": "--max-model-len",
                 "--max-num-seqs": "--max-concurrency", "--port": "--port", "--host": "--host",
-                "--parallel": "--max-concurrency", "-np": "--max-concurrency"}
+                "--parallel": "--max-concurrency", "-np": "--max-concurrency",
+                "--ssl-keyfile": "--ssl-keyfile", "--ssl-certfile": "--ssl-certfile",
+                "--ssl-key-file": "--ssl-keyfile", "--ssl-cert-file": "--ssl-certfile"}
 _GGUF_TYPE = re.compile(r"(Q\d_K_[MS]|Q\d_K|Q\d_\d|IQ\d_XS|F16|BF16)", re.I)
 
 

@@ -68,6 +68,10 @@ MAMBA_CACHE_MODE_SINCE = (0, 16)
 # puts the node's engine key (engine_keys.py) in its place. Requests without
 # `Authorization: Bearer <key>` are refused by both engines (FACTS.md).
 ENGINE_KEY_PLACEHOLDER = "${RIGSHARE_ENGINE_KEY}"
+# What the TLS flags carry: the agent puts the paths of the key and self-signed certificate it
+# made in their place, and reports the certificate for the platform to pin (engine_tls.py).
+TLS_KEY_PLACEHOLDER, TLS_CERT_PLACEHOLDER = "${RIGSHARE_TLS_KEY}", "${RIGSHARE_TLS_CERT}"
+PLACEHOLDERS = (ENGINE_KEY_PLACEHOLDER, TLS_KEY_PLACEHOLDER, TLS_CERT_PLACEHOLDER)
 VLLM_PORT = 8000
 
 # A replica serves well when its KV pool holds this many requests of its longest length at
@@ -276,7 +280,7 @@ class EngineConfig:
 
     def command(self) -> str:
         """The argv as one shell line (the placeholder key left for the shell to expand)."""
-        return " ".join(part if part == ENGINE_KEY_PLACEHOLDER else shlex.quote(part)
+        return " ".join(part if part in PLACEHOLDERS else shlex.quote(part)
                         for part in self.argv)
 
     def flag(self, name: str) -> Flag | None:
@@ -435,17 +439,18 @@ def compute(node: NodeFacts, *, model: str, arch: Architecture | None,
             override_reasons: Mapping[str, str] | None = None,
             engine_key: str | None = None, port: int = VLLM_PORT,
             vllm_version: tuple[int, int] | None = None,
-            model_file: str | None = None) -> EngineConfig:
+            model_file: str | None = None, tls: bool = False) -> EngineConfig:
     """The engine command for `model` at `quantization` on `node`, the stored `overrides`
     (flag -> value, why in `override_reasons`) applied on top: the arithmetic follows them (an
     FP8 cache holds more requests). Each overridden flag keeps the value and reason computed
     without the overrides beside it. `engine_key` is the node's engine key when the caller has
     one (ENGINE_KEY_PLACEHOLDER otherwise); `model_file` the GGUF path llama-server loads;
     `vllm_version` the (major, minor) the node's agent reports installed (None: not said, and
-    VLLM_VERSION is assumed)."""
+    VLLM_VERSION is assumed); `tls`: the agent makes the engine's certificate (an agent that
+    says so), and the engine serves HTTPS with it."""
     args = dict(node=node, model=model, arch=arch, quantization=quantization,
                 engine_key=engine_key, port=port, vllm_version=vllm_version,
-                model_file=model_file)
+                model_file=model_file, tls=tls)
     config = _compute(overrides=dict(overrides or {}), **args)
     used = [flag for flag in config.flags if flag.overridden]
     if not used:
@@ -464,7 +469,7 @@ def compute(node: NodeFacts, *, model: str, arch: Architecture | None,
 
 
 def _compute(*, node, model, arch, quantization, overrides, engine_key, port, vllm_version,
-             model_file) -> EngineConfig:
+             model_file, tls) -> EngineConfig:
     key = engine_key or ENGINE_KEY_PLACEHOLDER
     kind, why_engine = _engine_kind(node, quantization)
     program = ("vllm", "serve", model) if kind == "vllm" else ("llama-server",)
@@ -491,7 +496,20 @@ def _compute(*, node, model, arch, quantization, overrides, engine_key, port, vl
         config = _llamacpp(node, model, arch, quantization, ov, key, port,
                            model_file or _gguf_name(model, quantization))
         config = replace(config, layout_reason=f"{why_engine} {config.layout_reason}")
+    if tls and config.runnable:
+        config = replace(config, flags=config.flags + _tls_flags(kind))
     return replace(config, ignored=tuple(ov.ignored()) + config.ignored)
+
+
+def _tls_flags(kind: str) -> tuple[Flag, ...]:
+    """HTTPS with the key and certificate the agent makes: the platform's calls to the engine
+    (renters' prompts, the usage it bills from, the engine key) cross the internet."""
+    names = (("--ssl-keyfile", "--ssl-certfile") if kind == "vllm"
+             else ("--ssl-key-file", "--ssl-cert-file"))
+    why = ("Serve HTTPS with the key and self-signed certificate the agent makes; the platform "
+           "pins the certificate the agent reports.")
+    return (Flag(names[0], TLS_KEY_PLACEHOLDER, why), Flag(names[1], TLS_CERT_PLACEHOLDER,
+                                                            "The certificate, as above."))
 
 
 def _engine_kind(node: NodeFacts, quantization: str | None) -> tuple[str, str]:

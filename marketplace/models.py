@@ -13,6 +13,8 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Cast, Coalesce, Concat, Upper
 from django.utils import timezone
 
+from marketplace import engine_tls
+
 
 # How the ledger names what earned: a rental's transfers name its card, a served request's
 # charge names the machine whose engine answered it (an engine may span several cards).
@@ -92,6 +94,11 @@ class Node(models.Model):
     # and at least every ENGINE_RECHECK.
     engine_connect_url = models.CharField(max_length=300, blank=True)
     engine_checked_at = models.DateTimeField(null=True, blank=True)
+    # The certificate the engine presents over TLS (PEM), as the agent read it on the machine,
+    # and its SHA-256: the platform's connections trust it alone (engine_tls.py). Empty:
+    # plain HTTP, or not reported.
+    engine_tls_certificate = models.TextField(blank=True)
+    engine_tls_fingerprint = models.CharField(max_length=64, blank=True)
     engine_reachable = models.BooleanField(default=False)
     engine_models = models.JSONField(default=list, blank=True)
     # Per model in engine_models that the agent described: [{"id", "engine", "max_context",
@@ -170,6 +177,11 @@ class Node(models.Model):
 
     def __str__(self):
         return f"{self.name} (#{self.pk})"
+
+    @property
+    def engine_encrypted(self) -> bool:
+        """The platform reaches the engine over TLS, pinned to its reported certificate."""
+        return engine_tls.encrypted(self.engine_connect_url, self.engine_tls_certificate)
 
     @property
     def is_online(self) -> bool:

@@ -266,6 +266,8 @@ def node_engine_inputs_for(node: Node, *, model: str, quantization: str) -> dict
     # The vLLM the agent found installed (else the version the platform assumes).
     if version := engine_config.parse_vllm_version((node.engine_versions or {}).get("vllm")):
         inputs["vllm_version"] = version
+    # HTTPS with the agent's certificate, where the agent says it makes one.
+    inputs["tls"] = bool((node.engine_process or {}).get("tls"))
     # --port: where the agent says the engine listens.
     with contextlib.suppress(ValueError):
         if port := urlsplit(node.engine_url).port:

@@ -8,6 +8,7 @@ from rest_framework.utils.serializer_helpers import BindingDict
 
 from agent import model_files
 from billing.serializers import UsdField
+from marketplace import engine_tls
 from marketplace.models import Card, EnrolmentToken, Listing, Node, Rental
 
 # --- agent protocol (docs/agent-protocol.md) ---
@@ -147,6 +148,9 @@ class SupervisorReportSerializer(serializers.Serializer):
                                   required=False, default=None)
     restart_seen = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False,
                                             default=0)
+    # The agent makes the engine's TLS key and certificate where the command asks for them
+    # (engine_tls.py): the platform's command then carries them. Absent from older agents.
+    tls = serializers.BooleanField(required=False, default=False)
     # Serving the platform's yardstick for a verification run (null: the provider's engine).
     yardstick = YardstickReportSerializer(required=False, allow_null=True, default=None)
 
@@ -168,6 +172,19 @@ class EngineReportSerializer(serializers.Serializer):
     key_held = serializers.RegexField(r"^[0-9a-f]{16}$", allow_null=True, required=False)
     key_fingerprint = serializers.RegexField(r"^[0-9a-f]{16}$", allow_null=True,
                                              required=False, default=None)
+    # The certificate the engine presents over TLS, in PEM, as the agent read it on the
+    # machine (null: plain HTTP, or not reachable over TLS). Absent from older agents.
+    tls_certificate = serializers.CharField(max_length=engine_tls.MAX_PEM_CHARS,
+                                            allow_null=True, required=False, default=None,
+                                            trim_whitespace=False)
+
+    def validate_tls_certificate(self, pem):
+        if pem is None:
+            return None
+        try:
+            return engine_tls.parsed(pem)
+        except engine_tls.BadCertificate as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
     def validate_served(self, served):
         ids = [model["id"] for model in served]

@@ -26,6 +26,7 @@ from marketplace import (
     engine_address,
     engine_config,
     engine_keys,
+    engine_tls,
     heartbeat_fast,
     uptime,
 )
@@ -312,6 +313,7 @@ _NODE_REPORTED = (
     "hostname", "os", "agent_version", "driver_version", "cuda_version", "has_nvidia",
     "simulated", "cpu_model", "cpu_cores", "ram_mib", "disk_free_gb", "net_link_mbps",
     "engine_versions", "engine_url", "engine_connect_url", "engine_checked_at",
+    "engine_tls_certificate", "engine_tls_fingerprint",
     "engine_reachable", "engine_models", "engine_served", "engine_error", "engine_state",
     "engine_state_since", "engine_process", "engine_ready_digest", "hardware_changed_at",
     "status", "status_changed_at", "last_heartbeat_at")
@@ -393,6 +395,13 @@ def _heartbeat_store(*, node_id: int, report: dict, connect: tuple[str, str] | N
     elif not node.engine_connect_url and node.engine_url:
         refusal = (node.engine_error if node.engine_error.startswith("refused:")
                    else "refused: the engine's address is not a public one")
+    # The certificate the platform's connections pin (engine_tls.py): only for an engine it
+    # calls over TLS.
+    certificate = (engine.get("tls_certificate") or ""
+                   if node.engine_connect_url.startswith("https://") else "")
+    if certificate != node.engine_tls_certificate:
+        node.engine_tls_certificate = certificate
+        node.engine_tls_fingerprint = engine_tls.fingerprint(certificate) if certificate else ""
     # Reachable for the platform only at an address it may call.
     node.engine_reachable = bool(engine.get("reachable")) and bool(node.engine_connect_url)
     if not (engine.get("supervisor") or {}).get("yardstick"):

@@ -275,6 +275,7 @@ def _machine_page(request, node: Node, *, form=None, override_form=None, status:
         "differences": [(flag, rows.get(flag.name)) for flag in config.differences()]
         if config else [],
         "override_form": override_form or EngineOverrideForm(engine=engine),
+        "tls_required": settings.RIGSHARE_ENGINE_TLS_REQUIRED,
     }, status=status)
 
 

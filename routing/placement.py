@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from marketplace import engine_tls
 from routing import errors
 
 
@@ -28,7 +29,9 @@ class Worker:
     quantization: str
     max_context: int | None  # None: the engine did not say; the model's context is assumed
     capacity_tps: float  # verified output tok/s at 32 concurrent; 0: not verified
-    verified: bool  # every card's serving verified, none flagged, the node not held out
+    # May take shared traffic: every card's serving verified, none flagged, the node not held
+    # out, and its engine reached over TLS where that is required (engine_tls.py).
+    verified: bool
     renter_id: int | None  # a rented card answers only its renter's keys (-1: nobody's)
     ramp: float = 1.0  # the share of its weight a worker new to traffic takes yet (balancer)
     engine_queue: int = 0  # running + waiting, as the engine's /metrics last said (0: unknown)
@@ -36,10 +39,17 @@ class Worker:
     slots: int = 0  # the concurrency its capacity was verified at (0: not verified)
     # What the proxy sends as `Authorization: Bearer` ("": no key yet). Out of repr: logs.
     engine_key: str = field(default="", repr=False)
+    # The engine's certificate (PEM) that an https:// url is pinned to ("": plain HTTP).
+    tls_pin: str = field(default="", repr=False)
 
     @property
     def engine_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.engine_key}"} if self.engine_key else {}
+
+    @property
+    def tls_extensions(self) -> dict[str, str]:
+        """What a request to it carries for routing/upstream.py to pin its TLS to."""
+        return engine_tls.extensions(self.tls_pin)
 
 
 NOBODY = -1  # renter_id of a worker two renters share: it serves neither

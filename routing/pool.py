@@ -215,9 +215,11 @@ FULL_EVERY_S = 900.0  # a full read now and then, whatever the feed says: a back
 
 
 def _digest(worker: Worker) -> int:
-    # The engine key is out of the repr (logs) but in the digest: a new key is a new worker.
-    return int.from_bytes(hashlib.blake2b(f"{worker!r}\0{worker.engine_key}".encode(),
-                                          digest_size=8).digest(), "little")
+    # The engine key and certificate are out of the repr (logs) but in the digest: a new key
+    # or certificate is a new worker.
+    return int.from_bytes(hashlib.blake2b(
+        f"{worker!r}\0{worker.engine_key}\0{worker.tls_pin}".encode(),
+        digest_size=8).digest(), "little")
 
 
 def _entries() -> tuple[dict[str, ModelEntry], dict[str, str]]:
@@ -276,6 +278,10 @@ def _workers(entries: dict[str, ModelEntry], mapping: dict[str, str], now: datet
         # not held out (an operator's review, a GPU UUID another node holds).
         verified = bool(node_cards) and not d.node.held_out and all(
             status in Card.ROUTABLE for _, status in node_cards)
+        # Renters' prompts cross the internet: where TLS is required (production), shared
+        # traffic goes only to an engine the platform reaches encrypted (engine_tls.py).
+        verified = verified and (d.node.engine_encrypted
+                                 or not settings.RIGSHARE_ENGINE_TLS_REQUIRED)
         rent = renters.get(d.node_id)
         # Two renters of one engine's cards: it is exclusive to neither, so it serves nobody.
         renter_id = None if not rent else (next(iter(rent)) if len(rent) == 1 else NOBODY)
@@ -292,7 +298,8 @@ def _workers(entries: dict[str, ModelEntry], mapping: dict[str, str], now: datet
             ramp=balancer.ramp((now - since).total_seconds()),
             engine_queue=(d.engine_running or 0) + (d.engine_waiting or 0),
             ramp_since=since.timestamp(), slots=slots[(d.node_id, d.engine_model_id)],
-            engine_key=engine_keys.unseal(d.node.engine_key_sealed)))
+            engine_key=engine_keys.unseal(d.node.engine_key_sealed),
+            tls_pin=d.node.engine_tls_certificate))
     return workers
 
 

@@ -435,7 +435,8 @@ async def _fetch(worker, path, body) -> httpx.Response:
     try:
         resp = await _client().post(_url(worker, path), content=body,
                                     headers={"content-type": "application/json",
-                                             **worker.engine_headers})
+                                             **worker.engine_headers},
+                                    extensions=worker.tls_extensions)
     except httpx.HTTPError as exc:
         raise _upstream_failed(worker, f"The worker could not be reached "
                                f"({type(exc).__name__}).") from None
@@ -496,7 +497,8 @@ async def _open_stream(worker, path, body) -> httpx.Response:
     upstream = client.build_request("POST", _url(worker, path), content=body,
                                     headers={"content-type": "application/json",
                                              "accept": "text/event-stream",
-                                             **worker.engine_headers})
+                                             **worker.engine_headers},
+                                    extensions=worker.tls_extensions)
     try:
         resp = await client.send(upstream, stream=True)
     except httpx.HTTPError as exc:

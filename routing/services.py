@@ -10,9 +10,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from config.prepared import Prepared
-from marketplace import engine_keys
+from marketplace import engine_keys, engine_tls
 from marketplace import services as marketplace
 from marketplace.models import Node
+from routing import upstream
 from routing.models import Deployment
 
 HEALTH_TIMEOUT_S = 3.0
@@ -69,27 +70,27 @@ def deployments_sync(*, node_id: int, now: datetime | None = None,
     return ids
 
 
-async def _check(client: httpx.AsyncClient, url: str, key: str = ""
+async def _check(client: httpx.AsyncClient, url: str, key: str = "", certificate: str = ""
                  ) -> tuple[str, dict, bool | None]:
     """('' when the engine answers its health route, else why not; what its /metrics says;
     whether it refuses /v1 without its key, None when not known). With the node's engine key,
-    as the proxy sends it."""
+    as the proxy sends it, over TLS pinned to its certificate where it serves TLS."""
     base = url.rstrip("/")
     headers = {"authorization": f"Bearer {key}"} if key else {}
+    pinned = {"timeout": HEALTH_TIMEOUT_S, "extensions": engine_tls.extensions(certificate)}
     try:
-        response = await client.get(f"{base}/health", timeout=HEALTH_TIMEOUT_S, headers=headers)
+        response = await client.get(f"{base}/health", headers=headers, **pinned)
         if response.status_code == 404:  # llama-cpp-python's server has no /health
-            response = await client.get(f"{base}/v1/models", timeout=HEALTH_TIMEOUT_S,
-                                        headers=headers)
+            response = await client.get(f"{base}/v1/models", headers=headers, **pinned)
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"[:256], {}, None
     if response.status_code != 200:
         return f"GET {response.request.url.path} answered {response.status_code}", {}, None
     try:
         # A stranger's request: an engine that answers it serves anyone who finds its port.
-        bare = await client.get(f"{base}/v1/models", timeout=HEALTH_TIMEOUT_S)
+        bare = await client.get(f"{base}/v1/models", **pinned)
         enforced = bare.status_code in (401, 403)
-        metrics = await client.get(f"{base}/metrics", timeout=HEALTH_TIMEOUT_S, headers=headers)
+        metrics = await client.get(f"{base}/metrics", headers=headers, **pinned)
     except httpx.HTTPError:
         return "", {}, None
     return "", engine_metrics(metrics.text) if metrics.status_code == 200 else {}, enforced
@@ -124,11 +125,11 @@ def engine_metrics(text: str) -> dict:
     return {field: int(value) for field, value in found.items() if value >= 0}
 
 
-async def _check_all(urls: dict[int, tuple[str, str]]
+async def _check_all(urls: dict[int, tuple[str, str, str]]
                      ) -> dict[int, tuple[str, dict, bool | None]]:
-    async with httpx.AsyncClient() as client:
-        results = await asyncio.gather(*(_check(client, url, key)
-                                         for url, key in urls.values()))
+    async with httpx.AsyncClient(transport=upstream.Transport()) as client:
+        results = await asyncio.gather(*(_check(client, url, key, certificate)
+                                         for url, key, certificate in urls.values()))
     return dict(zip(urls, results, strict=True))
 
 
@@ -139,10 +140,12 @@ def deployments_check_health(*, now: datetime | None = None) -> dict[int, str]:
     first success."""
     now = now or timezone.now()
     # Only where the platform may call: the engine's checked address (engine_address.py).
-    urls = {pk: (url, engine_keys.unseal(sealed)) for pk, url, sealed in
+    urls = {pk: (url, engine_keys.unseal(sealed), certificate)
+            for pk, url, sealed, certificate in
             Node.objects.filter(status=Node.Status.ONLINE, deployments__reported=True)
             .exclude(engine_connect_url="")
-            .values_list("pk", "engine_connect_url", "engine_key_sealed").distinct()}
+            .values_list("pk", "engine_connect_url", "engine_key_sealed",
+                         "engine_tls_certificate").distinct()}
     checked = asyncio.run(_check_all(urls)) if urls else {}
     results = {node_id: error for node_id, (error, _, _) in checked.items()}
     marketplace.node_engine_key_enforced(enforced={

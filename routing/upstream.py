@@ -9,8 +9,11 @@ socket. Here a connection is an asyncio Protocol: the bytes an engine sends are 
 arrive and queued for the reader, who waits only when the queue is empty; the pool is a stack
 of idle connections per engine.
 
-It serves what the proxy and the health checks send: plain-HTTP requests whose body is in
-memory, answered with a Content-Length, chunked, or closed-connection body. httpx keeps its
+It serves what the proxy and the health checks send: requests whose body is in memory,
+answered with a Content-Length, chunked, or closed-connection body; over plain HTTP, or over
+TLS pinned to the engine's reported certificate (marketplace/engine_tls.py), which the request
+carries in its extensions (engine_tls.extensions): an https:// request without one is refused,
+never sent with a public CA's say-so or none. httpx keeps its
 own part: the request and response objects, headers, decoding, timeouts as configured on the
 client, and the exception types (ConnectError, ConnectTimeout, ReadTimeout, WriteTimeout,
 RemoteProtocolError), which is what the proxy's retry and circuit breaker act on.
@@ -22,6 +25,8 @@ import time
 
 import httptools
 import httpx
+
+from marketplace import engine_tls
 
 READ_BUFFER_LIMIT = 256 * 1024  # bytes queued for a slow reader before reading pauses
 
@@ -249,15 +254,22 @@ class Transport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        if url.scheme != "http":
-            raise httpx.UnsupportedProtocol(f"this transport speaks plain HTTP, not "
+        if url.scheme == "http":
+            origin = (url.host, url.port or 80, "")
+        elif url.scheme == "https":
+            pin = request.extensions.get(engine_tls.PIN)
+            if not pin:
+                raise httpx.ConnectError(f"{url.host}:{url.port or 443}: no certificate to "
+                                         "pin the engine's TLS to")
+            origin = (url.host, url.port or 443, pin)  # a new certificate: new connections
+        else:
+            raise httpx.UnsupportedProtocol(f"this transport speaks HTTP and HTTPS, not "
                                             f"{url.scheme!r}")
         if request.method == "HEAD":
             raise httpx.UnsupportedProtocol("this transport does not send HEAD requests")
         timeouts = request.extensions.get("timeout", {})
         body = await request.aread()
         head = _head(request, len(body))
-        origin = (url.host, url.port or 80)
         conn = self._take(origin)
         if conn is not None:
             try:
@@ -289,9 +301,12 @@ class Transport(httpx.AsyncBaseTransport):
 
     async def _connect(self, origin, timeout) -> _Connection:
         loop = asyncio.get_running_loop()
+        host, port, pin = origin
+        tls = {"ssl": engine_tls.context(pin), "server_hostname": host} if pin else {}
         try:
             async with asyncio.timeout(timeout):
-                _, conn = await loop.create_connection(lambda: _Connection(origin), *origin)
+                _, conn = await loop.create_connection(lambda: _Connection(origin), host, port,
+                                                       **tls)
         except TimeoutError:
             raise httpx.ConnectTimeout(f"no connection to {origin[0]}:{origin[1]} within "
                                        f"{timeout} s") from None

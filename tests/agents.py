@@ -27,9 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class Agents:
-    """start(profile key, machine id, own_engine=True, engine_key=False) enrols a simulated
-    machine of `owner`'s and starts its agent (with `engine_key`, its engine answers only with
-    the engine key the platform hands the agent); leaving the block stops every agent (their
+    """start(profile key, machine id, own_engine=True, engine_key=False, engine_tls=False)
+    enrols a simulated machine of `owner`'s and starts its agent (with `engine_key`, its engine
+    answers only with the engine key the platform hands the agent; with `engine_tls`, over
+    HTTPS with the certificate its agent makes); leaving the block stops every agent (their
     logs printed, for a test that failed)."""
 
     def __init__(self, platform_url: str, owner, tmp_path: Path):
@@ -49,7 +50,7 @@ class Agents:
                                                   start_new_session=True), log))
 
     def start(self, key: str, machine_id: str, *, own_engine: bool = True,
-              engine_key: bool = False) -> int:
+              engine_key: bool = False, engine_tls: bool = False) -> int:
         _, token = marketplace.enrolment_token_create(owner=self.owner)
         enrolment = marketplace.node_enroll(token=token, hostname=machine_id,
                                             agent_version="0.1.0")
@@ -58,7 +59,7 @@ class Agents:
                                       "node_id": enrolment.node.pk,
                                       "credential": enrolment.credential})
         machine = Machine(machine_id, get_profile(key), free_port(), credential, None,
-                          own_engine=own_engine, engine_key=engine_key)
+                          own_engine=own_engine, engine_key=engine_key, engine_tls=engine_tls)
         log = self.tmp_path / f"{machine_id}.log"
         if not own_engine:  # the provider runs the engine: the agent only reports on it
             self._spawn([sys.executable, "-m", "fleetsim", "serve", "--profile", key, "--port",

@@ -352,6 +352,10 @@ def yardstick_config(node: Node, work: ys.Workload) -> engine_config.EngineConfi
     override: the same for every machine of its kind)."""
     inputs = marketplace_selectors.node_engine_inputs_for(node, model=work.model,
                                                           quantization=work.quantization)
+    # Served as the provider's engine is (HTTPS with the agent's certificate, or not): the
+    # address the platform calls keeps its scheme, and its pinned certificate, across the
+    # switch.
+    inputs["tls"] = inputs.get("tls", False) and node.engine_encrypted
     return engine_config.compute(**inputs)
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from marketplace import engine_tls
 from verification import fingerprint
 
 PROMPT_WORDS = 256
@@ -306,8 +307,10 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
                         max_concurrency: int | None = None, timeout_s: float = 300,
                         progress: Callable[[str, int], None] | None = None,
                         engine_key: str = "", caches: bool = True,
-                        lag_bound_ms: float | None = None) -> LoadTestResult:
-    """`engine_key`: the node's engine key, sent as the proxy sends it ("": none yet).
+                        lag_bound_ms: float | None = None,
+                        tls_certificate: str = "") -> LoadTestResult:
+    """`engine_key`: the node's engine key, sent as the proxy sends it ("": none yet), over
+    TLS pinned to `tls_certificate` where the engine serves https:// (engine_tls.py).
     `caches`: also ask the canary prompts (the answers' fingerprint) and test the prefix cache
     and the advertised context (the provider's engine; the platform's yardstick is measured
     for its speed alone). `lag_bound_ms`: stop after a level this loop read later than this
@@ -315,7 +318,9 @@ async def run_load_test(base_url: str, *, model: str | None = None, levels=LEVEL
     base = base_url.rstrip("/")
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     headers = {"authorization": f"Bearer {engine_key}"} if engine_key else None
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=headers) as client:
+    verify = engine_tls.verify_for(base, tls_certificate)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=headers,
+                                 verify=verify) as client:
         listed = (await client.get(f"{base}/v1/models")).json().get("data") or []
         if not listed:
             raise RuntimeError("the engine lists no model")

@@ -278,7 +278,8 @@ def run_load_test(*, run_id: int) -> bool:
         result = _load_test(run, lambda progress: loadtest.run_load_test(
             node.engine_connect_url, levels=settings.RIGSHARE_LOAD_TEST_LEVELS,
             max_concurrency=_advertised_concurrency(node), engine_key=key, progress=progress,
-            lag_bound_ms=settings.RIGSHARE_LOAD_TEST_LAG_MS), power=power, between=(35, 60))
+            lag_bound_ms=settings.RIGSHARE_LOAD_TEST_LAG_MS,
+            tls_certificate=node.engine_tls_certificate), power=power, between=(35, 60))
         _keep_up(result, "the load test")
         _whole(run, result)
     except ReadAgain as exc:
@@ -486,11 +487,13 @@ def _yardstick(run: VerificationRun) -> None:
     state, note = Yardstick.FAILED, ""
     try:
         note = _await_yardstick(run, command["version"])
+        node.refresh_from_db()  # where the yardstick answers, as its agent reports it
         if not note:
             result = _load_test(run, lambda progress: loadtest.run_load_test(
                 node.engine_connect_url, model=work.model, levels=ys.LEVELS,
                 engine_key=engine_keys.unseal(node.engine_key_sealed), caches=False,
-                progress=progress, lag_bound_ms=settings.RIGSHARE_LOAD_TEST_LAG_MS),
+                progress=progress, lag_bound_ms=settings.RIGSHARE_LOAD_TEST_LAG_MS,
+                tls_certificate=node.engine_tls_certificate),
                 power=None, between=(65, 80))
             _keep_up(result, "the yardstick's load test")
             _whole(run, result, "the yardstick's load test")

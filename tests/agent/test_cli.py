@@ -91,6 +91,7 @@ def test_heartbeat_carries_credential_hardware_and_models(platform, engine, cred
     assert [(g["name"], g["memory_total_mib"]) for g in body["gpus"]] == [("NVIDIA H200", 143_771)]
     assert body["engine"] == {"url": engine.url, "reachable": True, "models": ["Qwen/Qwen3-27B"],
                               "error": None, "key_held": None, "key_fingerprint": None,
+                              "tls_certificate": None,  # plain HTTP
                               "served": [{"id": "Qwen/Qwen3-27B", "engine": "",
                                           "max_context": None, "quantization": ""}]}
     assert [r.path for r in engine.requests] == ["/v1/models"]

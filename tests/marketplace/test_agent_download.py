@@ -36,7 +36,8 @@ def test_the_wheel_is_the_agent_and_its_pinned_dependencies():
                      f"{dist_info}/entry_points.txt", f"{dist_info}/RECORD"]
     metadata = archive.read(f"{dist_info}/METADATA").decode()
     # One place for the pins: pyproject's `agent` extra.
-    assert agent_requirements() == ["httpx==0.28.1", "nvidia-ml-py==13.615.71"]
+    assert agent_requirements() == ["httpx==0.28.1", "nvidia-ml-py==13.615.71",
+                                    "cryptography==50.0.2"]
     assert [line.split(": ", 1)[1] for line in metadata.splitlines()
             if line.startswith("Requires-Dist")] == agent_requirements()
     assert hashlib.sha256(wheel.data).hexdigest() == wheel.sha256

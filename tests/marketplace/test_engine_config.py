@@ -404,3 +404,19 @@ def test_the_config_is_json_for_the_heartbeat_reply():
     assert by_flag["--max-num-seqs"]["overridden"] and by_flag["--max-num-seqs"]["computed"]
     assert by_flag["--tensor-parallel-size"]["differs"]
     assert data["figures"]["kv_blocks"] == PAIR_4090_BLOCKS
+
+
+@pytest.mark.parametrize("key, flags", [
+    ("rtx-pro-6000", ("--ssl-keyfile", "--ssl-certfile")),  # vLLM
+    ("m4-max-llamacpp", ("--ssl-key-file", "--ssl-cert-file")),  # llama-server
+])
+def test_an_agent_that_makes_a_certificate_gets_a_command_serving_https(key, flags):
+    plain, tls = config(key), config(key, tls=True)
+    assert plain.value(flags[0]) is None and plain.value(flags[1]) is None
+    assert tls.value(flags[0]) == ec.TLS_KEY_PLACEHOLDER
+    assert tls.value(flags[1]) == ec.TLS_CERT_PLACEHOLDER
+    # Left for the agent to fill in: never quoted into something else.
+    assert f"{flags[0]} {ec.TLS_KEY_PLACEHOLDER} {flags[1]} {ec.TLS_CERT_PLACEHOLDER}" \
+        in tls.command()
+    assert [word for word in tls.argv if word not in (*flags, ec.TLS_KEY_PLACEHOLDER,
+                                                       ec.TLS_CERT_PLACEHOLDER)] == list(plain.argv)

@@ -411,13 +411,17 @@ def test_connection_refused_is_a_connect_error():
     run(scenario())
 
 
-def test_https_is_unsupported():
+def test_https_without_a_pinned_certificate_is_never_sent():
+    """Over TLS the transport trusts only the engine's reported certificate
+    (test_engine_tls.py); without one it connects nowhere, rather than unchecked."""
     async def scenario():
         async with Server(serve_ok) as server:
             transport = upstream.Transport()
             async with client(transport) as http:
-                with pytest.raises(httpx.UnsupportedProtocol):
+                with pytest.raises(httpx.ConnectError, match="no certificate to pin"):
                     await http.get(f"https://127.0.0.1:{server.port}/")
+                with pytest.raises(httpx.UnsupportedProtocol):
+                    await http.get(f"ftp://127.0.0.1:{server.port}/")
             await asyncio.sleep(0.01)
         assert server.accepted == 0
         assert transport.opened == 0
