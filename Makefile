@@ -8,7 +8,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
 .PHONY: demo test install install-dev engine chromium nginx check-services lint bench bench-catalog bench-billing bench-served \
-        bench-proxy bench-verification bench-heartbeat bench-routing bench-pool bench-static bench-check \
+        bench-proxy bench-verification bench-heartbeat bench-routing bench-pool bench-static bench-check bench-engine-tls \
         staticfiles clean
 
 # The real engine the tests run against: llama-cpp-python's OpenAI-compatible server and the
@@ -124,6 +124,7 @@ bench: install-dev check-services staticfiles
 	  $(BIN)/python bench/pool.py
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/served.py
+	$(BIN)/python bench/engine_tls.py
 	$(BIN)/python bench/static_transfer.py
 
 # The catalog page and /api/cards/ at 10 to 100,000 listings: p50/p95 and queries per request;
@@ -180,6 +181,10 @@ bench-served: install-dev check-services staticfiles
 bench-check: install-dev check-services staticfiles
 	DATABASE_URL="$${DATABASE_URL:-$(TEST_DATABASE_URL)}" REDIS_URL="$${REDIS_URL:-$(TEST_REDIS_URL)}" \
 	  $(BIN)/python bench/check.py $(BENCH_ARGS)
+
+# What TLS to the engines costs the proxy's transport: plain and pinned TLS, interleaved.
+bench-engine-tls: install-dev
+	$(BIN)/python bench/engine_tls.py $(BENCH_ARGS)
 
 # What a browser downloads to open /api/docs/: bytes sent and Cache-Control per file.
 bench-static: install-dev staticfiles
