@@ -16,6 +16,8 @@ llama.cpp's flags as tools/server/README.md lists them, and what becomes of each
   --metrics           left out: llama-cpp-python has no /metrics (the agent then counts the
                       connections open to the engine, see agent/supervisor.py)
   --cache-type-k/-v   f16 left out (llama-cpp-python's own default); anything else refused
+  --ssl-key-file K,   --ssl_keyfile K, --ssl_certfile C: HTTPS with the agent's key and
+  --ssl-cert-file C   certificate (agent/engine_tls.py)
 Any other flag is refused (exit 2), so a flag the platform starts writing is not dropped
 unnoticed.
 """
@@ -58,7 +60,8 @@ def translate(argv: list[str]) -> list[str]:
 
 VALUED = {"-m": "--model", "--model": "--model", "--alias": "--model_alias", "-c": None,
           "--parallel": None, "-ngl": "--n_gpu_layers", "--host": "--host", "--port": "--port",
-          "--api-key": "--api_key", "--cache-type-k": None, "--cache-type-v": None}
+          "--api-key": "--api_key", "--cache-type-k": None, "--cache-type-v": None,
+          "--ssl-key-file": "--ssl_keyfile", "--ssl-cert-file": "--ssl_certfile"}
 
 
 def llama_server_on_path(directory: Path) -> Path:

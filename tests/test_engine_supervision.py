@@ -155,6 +155,19 @@ def wait_for(what: str, check, timeout: float = LOAD_S, agent: Agent | None = No
         time.sleep(0.1)
 
 
+def pinned_engine(node_id: int, state: Path, port: int, agent: Agent):
+    """Once the node reports its engine at https:// with the certificate the agent made in
+    `state`: an SSL context that trusts that certificate alone, as the platform's calls do."""
+    from agent import engine_tls as agent_tls
+    from marketplace import engine_tls
+
+    made = (state / agent_tls.CERT_FILE).read_text()
+    wait_for("the engine's certificate reported", lambda: (
+        (row := node_row(node_id)).engine_tls_certificate == made
+        and row.engine_connect_url.startswith(f"https://127.0.0.1:{port}")), agent=agent)
+    return engine_tls.context(made)
+
+
 def ready(node_id: int, agent: Agent, other_than: int | None = None) -> Node:
     def check():
         row = node_row(node_id)
@@ -285,8 +298,11 @@ def test_a_new_configuration_drains_the_engine_then_restarts_it_with_the_new_com
     VerificationRun.objects.update(status="done")
     old_pid = first.engine_process["pid"]
 
+    # The platform's command serves HTTPS with the certificate the agent made, and the agent
+    # reports it: the platform's calls trust it alone (agent/engine_tls.py).
+    pinned = pinned_engine(node_id, tmp_path / "state", port, agent)
     # A stream in flight, straight to the engine (with its key: the engine refuses others).
-    assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
+    assert httpx.get(f"https://127.0.0.1:{port}/v1/models", verify=pinned).status_code == 401
     stream: dict = {"chunks": 0}
     first_chunk, read_on = threading.Event(), threading.Event()
 
@@ -295,8 +311,8 @@ def test_a_new_configuration_drains_the_engine_then_restarts_it_with_the_new_com
         # machine generates, the request is still in flight when the platform hears of it.
         body = {"model": ALIAS, "messages": [{"role": "user", "content": "Tell a story."}],
                 "max_tokens": 120, "min_tokens": 120, "temperature": 0, "stream": True}
-        with httpx.Client(timeout=120) as client, client.stream(
-                "POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+        with httpx.Client(timeout=120, verify=pinned) as client, client.stream(
+                "POST", f"https://127.0.0.1:{port}/v1/chat/completions", json=body,
                 headers={"Authorization": f"Bearer {key}"}) as response:
             for line in response.iter_lines():
                 if line == "data: [DONE]":
@@ -380,9 +396,9 @@ def test_a_key_rotation_drains_the_engine_and_the_platform_follows_the_key_in_us
     assert first.engine_key_fingerprint == engine_keys.fingerprint(old_key)
     assert engine_keys.unseal(first.engine_key_sealed) == old_key
     old_pid = first.engine_process["pid"]
-    base = f"http://127.0.0.1:{port}"
-    assert httpx.get(f"{base}/v1/models").status_code == 401
-    assert httpx.get(f"{base}/v1/models",
+    base, pinned = f"https://127.0.0.1:{port}", pinned_engine(node_id, state, port, agent)
+    assert httpx.get(f"{base}/v1/models", verify=pinned).status_code == 401
+    assert httpx.get(f"{base}/v1/models", verify=pinned,
                      headers={"Authorization": f"Bearer {old_key}"}).status_code == 200
     ProbeJob.objects.update(status=ProbeJob.Status.DONE)
     VerificationRun.objects.update(status="done")
@@ -393,7 +409,7 @@ def test_a_key_rotation_drains_the_engine_and_the_platform_follows_the_key_in_us
     def generate():
         body = {"model": ALIAS, "messages": [{"role": "user", "content": "Tell a story."}],
                 "max_tokens": 60, "min_tokens": 60, "temperature": 0, "stream": True}
-        with httpx.Client(timeout=120) as client, client.stream(
+        with httpx.Client(timeout=120, verify=pinned) as client, client.stream(
                 "POST", f"{base}/v1/chat/completions", json=body,
                 headers={"Authorization": f"Bearer {old_key}"}) as response:
             stream["status"] = response.status_code
@@ -431,9 +447,9 @@ def test_a_key_rotation_drains_the_engine_and_the_platform_follows_the_key_in_us
         and row), timeout=10, agent=agent)
     assert not second.engine_key_next
     # The engine takes the new key only; the pool's worker carries it for the next request.
-    assert httpx.get(f"{base}/v1/models",
+    assert httpx.get(f"{base}/v1/models", verify=pinned,
                      headers={"Authorization": f"Bearer {old_key}"}).status_code == 401
-    assert httpx.get(f"{base}/v1/models",
+    assert httpx.get(f"{base}/v1/models", verify=pinned,
                      headers={"Authorization": f"Bearer {new_key}"}).status_code == 200
     assert engine_keys.unseal(second.engine_key_sealed) == new_key  # what the pool reads
     assert old_key not in agent.log() and new_key not in agent.log()
