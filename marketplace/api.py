@@ -15,7 +15,13 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 
 from marketplace import selectors, services
-from marketplace.filters import KV_CACHE_CHOICES, QUANT_CHOICES, SORTS, CatalogFilterForm
+from marketplace.filters import (
+    KV_CACHE_CHOICES,
+    MAX_CONTEXT,
+    QUANT_CHOICES,
+    SORTS,
+    CatalogFilterForm,
+)
 from marketplace.model_data import known_models
 from marketplace.models import EnrolmentToken, Listing, Node, Rental
 from marketplace.serializers import (
@@ -52,8 +58,9 @@ CATALOG_PAGE_SIZE = 50
                              "memory under its engine's rules (vLLM, or llama.cpp for GGUF "
                              "weights). Known models: "
                              + ", ".join(f"`{name}`" for name, _ in known_models()) + "."),
-        _query("context", int, "With `model`: the tokens of context one sequence needs "
-                               "(prompt and output), 1 up to the model's own limit."),
+        _query("context", {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT},
+               "With `model`: the tokens of context one sequence needs (prompt and output), "
+               "1 up to the model's own limit."),
         _query("quant", str, "With `model`: the weights' quantization; `bf16` if not given.",
                enum=["", *dict(QUANT_CHOICES)]),
         _query("kv_cache", str, "With `model`: the KV cache's type; the engine's 16-bit "
