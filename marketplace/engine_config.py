@@ -46,6 +46,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from agent import engine_tls as agent_tls
 from marketplace import modelmath
 from marketplace.modelmath import GIB, Architecture
 
@@ -70,7 +71,7 @@ MAMBA_CACHE_MODE_SINCE = (0, 16)
 ENGINE_KEY_PLACEHOLDER = "${RIGSHARE_ENGINE_KEY}"
 # What the TLS flags carry: the agent puts the paths of the key and self-signed certificate it
 # made in their place, and reports the certificate for the platform to pin (engine_tls.py).
-TLS_KEY_PLACEHOLDER, TLS_CERT_PLACEHOLDER = "${RIGSHARE_TLS_KEY}", "${RIGSHARE_TLS_CERT}"
+TLS_KEY_PLACEHOLDER, TLS_CERT_PLACEHOLDER = agent_tls.TLS_KEY, agent_tls.TLS_CERT
 PLACEHOLDERS = (ENGINE_KEY_PLACEHOLDER, TLS_KEY_PLACEHOLDER, TLS_CERT_PLACEHOLDER)
 VLLM_PORT = 8000
 
